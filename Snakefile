@@ -1,0 +1,22 @@
+# draftsmith: raw chat data -> hidden-state shards -> vocab map -> EAGLE-3 draft -> benchmark -> report.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/extract.smk"
+include: "rules/vocab.smk"
+include: "rules/train.smk"
+include: "rules/benchmark.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        all_outputs(),
+    default_target: True

@@ -1,0 +1,82 @@
+"""Build and load speculators 0.3.0 EAGLE-3 draft models for a target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftsmith.models import load_text_config
+
+FLEX_ATTENTION = "simple_flex_attention"  # speculators' registered attention function
+
+
+def layer_config_for(target_config, draft_layers: int):
+    """A LlamaConfig for the draft's decoder layers, shaped like the target's layers."""
+    from transformers import LlamaConfig
+
+    head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads
+    config = LlamaConfig(
+        vocab_size=target_config.vocab_size,
+        hidden_size=target_config.hidden_size,
+        intermediate_size=target_config.intermediate_size,
+        num_hidden_layers=draft_layers,
+        num_attention_heads=target_config.num_attention_heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", target_config.num_attention_heads),
+        head_dim=head_dim,
+        hidden_act=getattr(target_config, "hidden_act", "silu"),
+        max_position_embeddings=target_config.max_position_embeddings,
+        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
+        rope_theta=getattr(target_config, "rope_theta", 10000.0),
+        rope_scaling=getattr(target_config, "rope_scaling", None),
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = FLEX_ATTENTION
+    return config
+
+
+def build_draft_config(target: str, draft_vocab_size: int, draft_layers: int, aux_layer_ids: list[int],
+                       num_speculative_tokens: int = 3, trust_remote_code: bool = False):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    target_config = load_text_config(target, trust_remote_code)
+    return Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config_for(target_config, draft_layers),
+        draft_vocab_size=draft_vocab_size,
+        norm_before_residual=False,
+        target_hidden_size=target_config.hidden_size,
+        eagle_aux_hidden_state_layer_ids=list(aux_layer_ids),
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=num_speculative_tokens)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(target), architectures=list(target_config.architectures or [])),
+        ),
+    )
+
+
+def build_draft(target: str, d2t: torch.Tensor, t2d: torch.Tensor, draft_layers: int, aux_layer_ids: list[int],
+                num_speculative_tokens: int = 3, seed: int = 0, trust_remote_code: bool = False):
+    """A freshly initialised Eagle3DraftModel (embeddings and lm_head copied from the target)."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    config = build_draft_config(target, int(d2t.shape[0]), draft_layers, aux_layer_ids, num_speculative_tokens,
+                                trust_remote_code)
+    torch.manual_seed(seed)
+    return Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
+
+
+def load_draft(draft_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Load a trained draft checkpoint (config.json + model.safetensors) with speculators."""
+    from safetensors import safe_open
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    weights = Path(draft_dir) / "model.safetensors"
+    with safe_open(weights, framework="pt") as f:
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+    model = Eagle3DraftModel.from_pretrained(str(draft_dir), t2d=t2d, d2t=d2t, torch_dtype=dtype)
+    return model.to(device).eval()

@@ -1,0 +1,174 @@
+"""Hidden-state extraction with the Hugging Face transformers backend (CPU or GPU).
+
+Samples are sorted by length and packed into batches under a token budget so little is
+padded. The decoder runs without the lm_head; forward hooks capture the inputs of the
+auxiliary decoder layers and the output of the final norm. On a GPU, device-to-host copies
+go to pinned memory asynchronously and a pool of writer threads serialises and writes the
+files while the next batch computes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.layers import find_decoder, text_config
+
+log = logging.getLogger(__name__)
+
+
+def plan_batches(lengths: list[int], batch_tokens: int, max_batch_size: int) -> list[list[int]]:
+    """Group sample indices into batches, longest first, so that len(batch) * longest <= batch_tokens.
+
+    Deterministic: the same lengths always give the same batches (resume relies on it).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        new_longest = max(longest, lengths[i])
+        if current and (new_longest * (len(current) + 1) > batch_tokens or len(current) >= max_batch_size):
+            batches.append(current)
+            current, new_longest = [], lengths[i]
+        current.append(i)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+@dataclass
+class BatchStates:
+    """States of one batch, on the host: `states[layer, row, :length]` belongs to sample `indices[row]`."""
+
+    indices: list[int]
+    lengths: list[int]
+    states: torch.Tensor  # [num_layers, batch, max_len, hidden]
+    ready: torch.cuda.Event | None = None
+
+    def sample(self, row: int) -> list[torch.Tensor]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        n = self.lengths[row]
+        # clone: torch.save of a view would serialise the whole batch storage
+        return [self.states[layer, row, :n].clone() for layer in range(self.states.shape[0])]
+
+
+class HFHiddenStateExtractor:
+    def __init__(
+        self,
+        model_path: str,
+        aux_layer_ids: list[int],
+        device: str = "auto",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_path,
+            dtype=self.dtype,
+            trust_remote_code=trust_remote_code,
+            revision=revision,
+            attn_implementation="sdpa",
+        )
+        self.config = text_config(model.config)
+        self.decoder = find_decoder(model).to(self.device).eval()
+        del model  # the lm_head is not needed
+        self.aux_layer_ids = list(aux_layer_ids)
+        self.hidden_size = self.config.hidden_size
+        self._captured: dict[str, torch.Tensor] = {}
+        for layer_id in self.aux_layer_ids:
+            self.decoder.layers[layer_id].register_forward_pre_hook(self._pre_hook(f"aux{layer_id}"), with_kwargs=True)
+        self.decoder.norm.register_forward_hook(self._post_hook("final"))
+
+    def _pre_hook(self, key):
+        def hook(_module, args, kwargs):
+            self._captured[key] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post_hook(self, key):
+        def hook(_module, _args, output):
+            self._captured[key] = output
+
+        return hook
+
+    @property
+    def layer_keys(self) -> list[str]:
+        return [f"aux{i}" for i in self.aux_layer_ids] + ["final"]
+
+    @torch.inference_mode()
+    def forward(self, batch_ids: list[list[int]]) -> torch.Tensor:
+        """Run one right-padded batch; return states [num_layers, batch, max_len, hidden] on the device."""
+        max_len = max(len(ids) for ids in batch_ids)
+        input_ids = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
+        attention_mask = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
+        for row, ids in enumerate(batch_ids):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+        self._captured.clear()
+        self.decoder(
+            input_ids=input_ids.to(self.device, non_blocking=True),
+            attention_mask=attention_mask.to(self.device, non_blocking=True),
+            use_cache=False,
+        )
+        return torch.stack([self._captured[k] for k in self.layer_keys])
+
+    def to_host(self, states: torch.Tensor, indices: list[int], lengths: list[int]) -> BatchStates:
+        if self.device.type != "cuda":
+            return BatchStates(indices, lengths, states)
+        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+        host.copy_(states, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return BatchStates(indices, lengths, host, ready)
+
+    def sample_states(self, input_ids: list[int]) -> list[torch.Tensor]:
+        """States of a single sample (no batching); the reference for tests and the batch-1 benchmark."""
+        states = self.forward([input_ids])
+        return [s[0].to("cpu") for s in states]
+
+
+def run_batches(extractor: HFHiddenStateExtractor, samples: list[list[int]], batches: list[list[int]], on_sample, writers: int = 4, progress=None):
+    """Extract `batches` of `samples`, calling `on_sample(index, get_states)` from writer threads.
+
+    At most `max_in_flight` batches wait for their writes, which bounds host memory; a write
+    error is raised here as soon as it is seen.
+    """
+    max_in_flight = 3
+    in_flight: list[list[Future]] = []
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        for batch in batches:
+            lengths = [len(samples[i]) for i in batch]
+            states = extractor.forward([samples[i] for i in batch])
+            host = extractor.to_host(states, batch, lengths)
+            in_flight.append([pool.submit(on_sample, index, functools.partial(host.sample, row)) for row, index in enumerate(batch)])
+            while len(in_flight) > max_in_flight or (in_flight and all(f.done() for f in in_flight[0])):
+                for f in in_flight.pop(0):
+                    f.result()
+            if progress is not None:
+                progress(sum(lengths))
+        for futures in in_flight:
+            for f in futures:
+                f.result()

@@ -1,0 +1,178 @@
+"""Seeded synthetic chat corpus: varied, learnable multi-turn tasks for the embedded default.
+
+Every assistant reply is a deterministic function of the conversation, so a small target
+model learns the tasks and a draft model can learn to predict the target.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+NAMES = ["Alice", "Bob", "Chen", "Dana", "Emil", "Fatima", "Goran", "Hana", "Ivan", "Julia"]
+WORDS = [
+    "apple", "river", "stone", "cloud", "green", "table", "music", "light", "paper", "ocean",
+    "tiger", "bread", "chair", "dream", "field", "glass", "honey", "island", "jacket", "lemon",
+]
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Japan": "Tokyo",
+    "Canada": "Ottawa", "Egypt": "Cairo", "Kenya": "Nairobi", "Peru": "Lima", "Norway": "Oslo",
+    "Poland": "Warsaw", "Chile": "Santiago", "India": "New Delhi", "Greece": "Athens",
+}
+COLORS = ["red", "blue", "green", "yellow", "purple", "orange"]
+SYSTEM_PROMPTS = [
+    "You are a helpful assistant.",
+    "You are a concise assistant. Answer precisely.",
+]
+
+Conversation = list[dict[str, str]]
+
+
+def _arithmetic(rng: random.Random) -> Conversation:
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    op = rng.choice(["+", "-", "*"])
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    conv = [
+        {"role": "user", "content": f"What is {a} {op} {b}?"},
+        {"role": "assistant", "content": f"{a} {op} {b} = {value}. The answer is {value}."},
+    ]
+    if rng.random() < 0.6:
+        c = rng.randint(1, 20)
+        conv += [
+            {"role": "user", "content": f"Now add {c} to that."},
+            {"role": "assistant", "content": f"{value} + {c} = {value + c}. The answer is {value + c}."},
+        ]
+    return conv
+
+
+def _reverse_words(rng: random.Random) -> Conversation:
+    words = rng.sample(WORDS, rng.randint(3, 7))
+    return [
+        {"role": "user", "content": "Reverse the order of these words: " + " ".join(words)},
+        {"role": "assistant", "content": "Here are the words in reverse order: " + " ".join(reversed(words)) + "."},
+    ]
+
+
+def _sort_numbers(rng: random.Random) -> Conversation:
+    nums = [rng.randint(0, 99) for _ in range(rng.randint(4, 9))]
+    order = rng.choice(["ascending", "descending"])
+    ordered = sorted(nums, reverse=order == "descending")
+    return [
+        {"role": "user", "content": f"Sort these numbers in {order} order: " + ", ".join(map(str, nums))},
+        {"role": "assistant", "content": f"Sorted in {order} order: " + ", ".join(map(str, ordered)) + "."},
+    ]
+
+
+def _capital(rng: random.Random) -> Conversation:
+    countries = rng.sample(sorted(CAPITALS), 2)
+    conv = [
+        {"role": "user", "content": f"What is the capital of {countries[0]}?"},
+        {"role": "assistant", "content": f"The capital of {countries[0]} is {CAPITALS[countries[0]]}."},
+    ]
+    if rng.random() < 0.5:
+        conv += [
+            {"role": "user", "content": f"And the capital of {countries[1]}?"},
+            {"role": "assistant", "content": f"The capital of {countries[1]} is {CAPITALS[countries[1]]}."},
+        ]
+    return conv
+
+
+def _count_letters(rng: random.Random) -> Conversation:
+    word = rng.choice(WORDS)
+    return [
+        {"role": "user", "content": f"How many letters are in the word {word}?"},
+        {"role": "assistant", "content": f"The word {word} has {len(word)} letters: " + "-".join(word) + "."},
+    ]
+
+
+def _uppercase(rng: random.Random) -> Conversation:
+    words = rng.sample(WORDS, rng.randint(2, 5))
+    text = " ".join(words)
+    return [
+        {"role": "user", "content": f"Write this in capital letters: {text}"},
+        {"role": "assistant", "content": f"In capital letters: {text.upper()}."},
+    ]
+
+
+def _greeting(rng: random.Random) -> Conversation:
+    name, color = rng.choice(NAMES), rng.choice(COLORS)
+    return [
+        {"role": "user", "content": f"Write a short greeting for {name}, whose favourite colour is {color}."},
+        {
+            "role": "assistant",
+            "content": (
+                f"Hello {name}! It is lovely to meet you. I hear your favourite colour is {color}, "
+                f"so I hope your day is as bright as {color} can be. Best wishes, your assistant."
+            ),
+        },
+    ]
+
+
+def _count_range(rng: random.Random) -> Conversation:
+    start = rng.randint(0, 50)
+    stop = start + rng.randint(3, 12)
+    return [
+        {"role": "user", "content": f"Count from {start} to {stop}."},
+        {"role": "assistant", "content": ", ".join(str(i) for i in range(start, stop + 1)) + "."},
+    ]
+
+
+def _multiples(rng: random.Random) -> Conversation:
+    m, n = rng.randint(2, 12), rng.randint(3, 8)
+    return [
+        {"role": "user", "content": f"List the first {n} multiples of {m}."},
+        {"role": "assistant", "content": f"The first {n} multiples of {m} are " + ", ".join(str(m * i) for i in range(1, n + 1)) + "."},
+    ]
+
+
+def _shopping(rng: random.Random) -> Conversation:
+    items = rng.sample(WORDS, rng.randint(2, 4))
+    prices = [rng.randint(1, 9) for _ in items]
+    lines = "\n".join(f"- {item}: {price} dollars" for item, price in zip(items, prices))
+    return [
+        {"role": "user", "content": "What is the total cost of:\n" + lines},
+        {
+            "role": "assistant",
+            "content": " + ".join(map(str, prices)) + f" = {sum(prices)}. The total cost is {sum(prices)} dollars.",
+        },
+    ]
+
+
+TASKS: dict[str, Callable[[random.Random], Conversation]] = {
+    "arithmetic": _arithmetic,
+    "reverse_words": _reverse_words,
+    "sort_numbers": _sort_numbers,
+    "capital": _capital,
+    "count_letters": _count_letters,
+    "uppercase": _uppercase,
+    "greeting": _greeting,
+    "count_range": _count_range,
+    "multiples": _multiples,
+    "shopping": _shopping,
+}
+
+
+def make_record(rng: random.Random, index: int) -> dict:
+    task = rng.choice(sorted(TASKS))
+    messages = TASKS[task](rng)
+    if rng.random() < 0.3:
+        messages = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] + messages
+    return {"id": f"synthetic-{index:06d}", "task": task, "messages": messages}
+
+
+def generate_corpus(num_records: int, num_heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Return (train, heldout) records; no held-out conversation occurs verbatim in train."""
+    if num_records < 1 or num_heldout < 1:
+        raise ValueError("synthetic corpus needs at least one train and one held-out record")
+    rng = random.Random(seed)
+    train = [make_record(rng, i) for i in range(num_records)]
+    seen = {repr(r["messages"]) for r in train}
+    heldout: list[dict] = []
+    index = num_records
+    while len(heldout) < num_heldout:
+        record = make_record(rng, index)
+        index += 1
+        if repr(record["messages"]) not in seen:
+            seen.add(repr(record["messages"]))
+            heldout.append(record)
+    return train, heldout

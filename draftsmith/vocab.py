@@ -1,0 +1,61 @@
+"""Token frequencies over loss-masked tokens and the draft vocabulary map (d2t / t2d).
+
+d2t[i] is the offset that maps draft token i to target token `i + d2t[i]`; t2d is a boolean
+mask over the target vocabulary marking the tokens the draft can propose. Both follow
+speculators' convention and are built with its own function.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from draftsmith.io import atomic_path
+from draftsmith.tokenization import read_samples
+
+
+def token_frequencies(samples_path: str | Path) -> dict[int, int]:
+    samples = read_samples(samples_path)
+    counts: Counter[int] = Counter()
+    for ids, mask in zip(samples["input_ids"], samples["loss_mask"]):
+        counts.update(t for t, m in zip(ids, mask) if m)
+    return dict(sorted(counts.items()))
+
+
+def combine_frequencies(freqs: list[dict[int, int]]) -> dict[int, int]:
+    total: Counter[int] = Counter()
+    for f in freqs:
+        total.update(f)
+    return dict(sorted(total.items()))
+
+
+def build_vocab_map(freq: dict[int, int], draft_vocab_size: int, target_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (d2t int64 [draft_vocab_size], t2d bool [target_vocab_size]); deterministic."""
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    if draft_vocab_size > target_vocab_size:
+        raise ValueError(
+            f"vocab.draft_vocab_size={draft_vocab_size} is larger than the target's vocabulary ({target_vocab_size})"
+        )
+    if draft_vocab_size < 1:
+        raise ValueError(f"vocab.draft_vocab_size must be >= 1, got {draft_vocab_size}")
+    bad = [t for t in freq if not 0 <= t < target_vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are outside the target vocabulary of {target_vocab_size}")
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
+    return d2t.numpy().astype(np.int64), t2d.numpy().astype(bool)
+
+
+def save_npy(path: str | Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)  # a file object: np.save would append ".npy" to a path
+
+
+def load_vocab_map(d2t_path: str | Path, t2d_path: str | Path):
+    import torch
+
+    d2t = torch.from_numpy(np.load(d2t_path))
+    t2d = torch.from_numpy(np.load(t2d_path))
+    return d2t, t2d

@@ -1,0 +1,27 @@
+rule benchmark:
+    input:
+        draft_config=R / "draft" / "{variant}" / "config.json",
+        draft_weights=R / "draft" / "{variant}" / "model.safetensors",
+        prompts=benchmark_prompts_input(),
+        target=target_input(),
+        d2t=R / "vocab" / "d2t.npy",
+        t2d=R / "vocab" / "t2d.npy",
+    output:
+        per_prompt=R / "benchmark" / "{variant}" / "per_prompt.csv",
+        summary=R / "benchmark" / "{variant}" / "summary.json",
+    params:
+        target=target_path(),
+        trust_remote_code=config["target"].get("trust_remote_code", False),
+        revision=config["target"].get("revision"),
+        benchmark=config["benchmark"],
+        draft_dir=lambda wc: str(R / "draft" / wc.variant),
+    log:
+        "logs/benchmark/{variant}.log",
+    benchmark:
+        "benchmarks/benchmark/{variant}.tsv"
+    threads: workflow.cores
+    resources:
+        gpu=extraction_gpus(),
+        mem_mb=16000,
+    script:
+        "../scripts/benchmark.py"

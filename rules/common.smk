@@ -1,0 +1,93 @@
+import shutil
+from pathlib import Path
+
+from snakemake.utils import validate
+
+
+validate(config, "../config/schema/config.schema.yaml")
+
+R = Path(config.get("results", "results"))
+EMBEDDED = config["target"]["model"] == "embedded"
+DATASETS = sorted(config["datasets"])
+VARIANTS = sorted(config["variants"])
+NUM_SHARDS = config["extraction"]["num_shards"]
+
+wildcard_constraints:
+    dataset="|".join(DATASETS),
+    variant="|".join(VARIANTS),
+    shard=r"\d+",
+
+
+def target_path():
+    return str(R / "target") if EMBEDDED else config["target"]["model"]
+
+
+def target_input():
+    """The target as a file dependency when the workflow builds it."""
+    return [str(R / "target")] if EMBEDDED else []
+
+
+def dataset_spec(dataset):
+    spec = dict(config["datasets"][dataset])
+    if spec["source"] == "synthetic":
+        spec["path"] = str(R / "data" / "synthetic" / "train.jsonl")
+    return spec
+
+
+def dataset_input(wildcards):
+    spec = dataset_spec(wildcards.dataset)
+    return [spec["path"]] if spec["source"] in ("synthetic", "local") else []
+
+
+def uses_synthetic():
+    prompts = config["benchmark"].get("prompts", "heldout")
+    return EMBEDDED or prompts == "heldout" or any(
+        config["datasets"][d]["source"] == "synthetic" for d in DATASETS
+    )
+
+
+def shard_manifests(dataset):
+    return [
+        str(R / "shards" / dataset / f"shard_{k}" / "manifest.json") for k in range(NUM_SHARDS)
+    ]
+
+
+def all_shard_manifests(wildcards=None):
+    return [m for d in DATASETS for m in shard_manifests(d)]
+
+
+def variant_training(variant):
+    return {**config["training"], **config["variants"][variant]}
+
+
+def benchmark_prompts_input():
+    prompts = config["benchmark"].get("prompts", "heldout")
+    if prompts == "heldout":
+        return [str(R / "data" / "synthetic" / "heldout.jsonl")]
+    return [prompts["path"]] if prompts["source"] == "local" else []
+
+
+def extraction_gpus():
+    ext = config["extraction"]
+    if ext["backend"] == "vllm":
+        return ext.get("tensor_parallel_size", 1)
+    device = ext.get("device", "auto")
+    if device == "cpu":
+        return 0
+    if device.startswith("cuda"):
+        return 1
+    return 1 if shutil.which("nvidia-smi") else 0
+
+
+def training_gpus(variant):
+    gpus = variant_training(variant).get("gpus", 0)
+    if gpus == 0 and config["extraction"].get("device", "auto") != "cpu" and shutil.which("nvidia-smi"):
+        return 1
+    return gpus
+
+
+def all_outputs():
+    return [
+        str(R / "report" / "report.html"),
+        str(R / "report" / "report.md"),
+    ]

@@ -1,0 +1,22 @@
+rule extract_hidden_states:
+    input:
+        samples=R / "prepared" / "{dataset}" / "samples.parquet",
+        target=target_input(),
+    output:
+        manifest=R / "shards" / "{dataset}" / "shard_{shard}" / "manifest.json",
+    params:
+        target=target_path(),
+        revision=config["target"].get("revision"),
+        trust_remote_code=config["target"].get("trust_remote_code", False),
+        extraction=config["extraction"],
+        seq_length=config["seq_length"],
+    log:
+        "logs/extract_hidden_states/{dataset}/shard_{shard}.log",
+    benchmark:
+        "benchmarks/extract_hidden_states/{dataset}/shard_{shard}.tsv"
+    threads: max(1, workflow.cores // max(1, NUM_SHARDS))
+    resources:
+        gpu=extraction_gpus(),
+        mem_mb=16000,
+    script:
+        "../scripts/extract_hidden_states.py"

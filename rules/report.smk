@@ -1,0 +1,28 @@
+rule report:
+    input:
+        summaries=expand(R / "benchmark" / "{variant}" / "summary.json", variant=VARIANTS),
+        per_prompt=expand(R / "benchmark" / "{variant}" / "per_prompt.csv", variant=VARIANTS),
+        metrics=expand(R / "draft" / "{variant}" / "metrics.csv", variant=VARIANTS),
+        drafts=expand(R / "draft" / "{variant}" / "config.json", variant=VARIANTS),
+        stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
+        manifests=all_shard_manifests,
+    output:
+        html=R / "report" / "report.html",
+        md=R / "report" / "report.md",
+        figures=report(
+            directory(R / "report" / "figures"),
+            patterns=["{name}.png"],
+            caption="../docs/report_caption.rst",
+            category="Figures",
+        ),
+    params:
+        config=config,
+    log:
+        "logs/report.log",
+    benchmark:
+        "benchmarks/report.tsv"
+    resources:
+        gpu=0,
+        mem_mb=4000,
+    script:
+        "../scripts/report.py"

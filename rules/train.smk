@@ -1,0 +1,25 @@
+rule train_draft:
+    input:
+        manifests=all_shard_manifests,
+        d2t=R / "vocab" / "d2t.npy",
+        t2d=R / "vocab" / "t2d.npy",
+        target=target_input(),
+    output:
+        config=R / "draft" / "{variant}" / "config.json",
+        weights=R / "draft" / "{variant}" / "model.safetensors",
+        metrics=R / "draft" / "{variant}" / "metrics.csv",
+    params:
+        target=target_path(),
+        training=lambda wc: variant_training(wc.variant),
+        state_dir=lambda wc: str(R / "train_state" / wc.variant),
+        gpus=lambda wc: training_gpus(wc.variant),
+    log:
+        "logs/train_draft/{variant}.log",
+    benchmark:
+        "benchmarks/train_draft/{variant}.tsv"
+    threads: workflow.cores
+    resources:
+        gpu=lambda wc: training_gpus(wc.variant),
+        mem_mb=16000,
+    script:
+        "../scripts/train_draft.py"

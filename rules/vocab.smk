@@ -1,0 +1,38 @@
+rule token_freq:
+    input:
+        samples=R / "prepared" / "{dataset}" / "samples.parquet",
+    output:
+        R / "vocab" / "{dataset}" / "token_freq.pt",
+    log:
+        "logs/token_freq/{dataset}.log",
+    benchmark:
+        "benchmarks/token_freq/{dataset}.tsv"
+    resources:
+        gpu=0,
+        mem_mb=4000,
+    script:
+        "../scripts/token_freq.py"
+
+
+rule vocab_map:
+    input:
+        freqs=expand(R / "vocab" / "{dataset}" / "token_freq.pt", dataset=DATASETS),
+        target=target_input(),
+    output:
+        combined=R / "vocab" / "token_freq.pt",
+        d2t=R / "vocab" / "d2t.npy",
+        t2d=R / "vocab" / "t2d.npy",
+    params:
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        target=target_path(),
+        revision=config["target"].get("revision"),
+        trust_remote_code=config["target"].get("trust_remote_code", False),
+    log:
+        "logs/vocab_map.log",
+    benchmark:
+        "benchmarks/vocab_map.tsv"
+    resources:
+        gpu=0,
+        mem_mb=2000,
+    script:
+        "../scripts/vocab_map.py"

@@ -1,0 +1,19 @@
+from pathlib import Path
+
+from draftsmith.extraction import extract
+from draftsmith.smk import run
+
+
+def main(smk):
+    extract(
+        samples_path=smk.input.samples,
+        shard=int(smk.wildcards.shard),
+        shard_dir=Path(smk.output.manifest).parent,
+        target=smk.params.target,
+        revision=smk.params.revision,
+        trust_remote_code=smk.params.trust_remote_code,
+        cfg=smk.params.extraction,
+    )
+
+
+run(main, snakemake)  # noqa: F821
