@@ -1,0 +1,65 @@
+"""Benchmark result tables shared by the offline and vLLM backends.
+
+`per_prompt.csv` has one row per (prompt, method); `summary.json` aggregates per method.
+Acceptance length is tokens generated per target forward pass, the bonus token included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from draftsmith.io import atomic_path, write_json
+
+BASELINE = "target_greedy"
+COLUMNS = [
+    "variant", "backend", "method", "prompt_id", "prompt_tokens", "new_tokens", "target_forwards",
+    "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "tokens_per_s", "speedup",
+]
+
+
+def accept_columns(k: int) -> list[str]:
+    return [f"accept_pos_{i}" for i in range(1, k + 1)]
+
+
+def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
+    """Fill derived columns (acceptance length, tokens/s, speedup over target-only greedy per prompt)."""
+    df = pd.DataFrame(rows)
+    for col in accept_columns(k):
+        if col not in df:
+            df[col] = 0
+    df["acceptance_length"] = df["new_tokens"] / df["target_forwards"]
+    df["tokens_per_s"] = df["new_tokens"] / df["seconds"]
+    base = df[df["method"] == BASELINE].set_index("prompt_id")["tokens_per_s"]
+    df["speedup"] = df["tokens_per_s"] / df["prompt_id"].map(base)
+    return df[COLUMNS + accept_columns(k)]
+
+
+def summarise(df: pd.DataFrame, k: int) -> dict:
+    methods = {}
+    for method, g in df.groupby("method", sort=False):
+        drafts = g["drafts"].sum()
+        new_tokens, seconds = int(g["new_tokens"].sum()), float(g["seconds"].sum())
+        base = df[df["method"] == BASELINE]
+        base_tps = base["new_tokens"].sum() / base["seconds"].sum() if len(base) else math.nan
+        methods[method] = {
+            "prompts": int(len(g)),
+            "acceptance_length": float(g["new_tokens"].sum() / g["target_forwards"].sum()),
+            "per_position_acceptance": [float(g[c].sum() / drafts) if drafts else None for c in accept_columns(k)],
+            "new_tokens": new_tokens,
+            "seconds": seconds,
+            "tokens_per_s": new_tokens / seconds if seconds else math.nan,
+            "speedup": (new_tokens / seconds) / base_tps if seconds and base_tps else math.nan,
+        }
+    return methods
+
+
+def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict) -> dict:
+    """Write both tables atomically; `meta` (variant, backend, device, settings, versions) goes into the summary."""
+    df = finish_rows(rows, k)
+    with atomic_path(out_per_prompt, suffix=".csv") as tmp:
+        df.to_csv(tmp, index=False)
+    summary = {**meta, "num_speculative_tokens": k, "methods": summarise(df, k)}
+    write_json(out_summary, summary)
+    return summary
