@@ -47,7 +47,7 @@ def build_draft_config(target: str, draft_vocab_size: int, draft_layers: int, au
     return Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config_for(target_config, draft_layers),
         draft_vocab_size=draft_vocab_size,
-        norm_before_residual=False,
+        norm_before_residual=True,  # as speculators 0.3.0's scripts/train.py
         target_hidden_size=target_config.hidden_size,
         eagle_aux_hidden_state_layer_ids=list(aux_layer_ids),
         speculators_config=SpeculatorsConfig(

@@ -1,0 +1,324 @@
+"""Train the EAGLE-3 draft with speculators 0.3.0's own Trainer, data loading and packing.
+
+draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
+- CPU: FlexAttention has no backward there, so the draft's layers use the dense-mask SDPA
+  stand-in from `draftsmith.attention`; `torch.compile` of the forward is skipped.
+- Device moves: the Trainer moves the model with `model.to(local_rank)`, an integer that
+  means a CUDA device; draftsmith passes a `torch.device` instead.
+- Resume: the single-process checkpointer loads onto "cuda:0"; draftsmith's subclass loads
+  onto the training device. Checkpoints are written to a staging directory and renamed, so a
+  job killed while saving leaves no half-written epoch to resume from.
+- Metrics: the Trainer logs to the `speculators.metrics` logger; a handler writes them to a
+  CSV (per step and per epoch) and drives a plain tqdm bar.
+Training targets come from the last stored layer, which draftsmith's shards store after
+the final norm (speculators 0.3.0's own generator stored it before the norm).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftsmith.io import atomic_path, read_json
+from draftsmith.models import load_text_config
+from draftsmith.shards import model_fingerprint, shard_files, validate_shard
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.csv"
+
+
+class TrainingInputError(ValueError):
+    """Inputs that cannot train a draft for this target; the message says which and why."""
+
+
+def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor, target: str,
+                 trust_remote_code: bool = False) -> dict:
+    """Check shards, vocab map and target fit together; return the shared shard facts."""
+    if not manifest_paths:
+        raise TrainingInputError("no shard manifests given: nothing to train on")
+    target_config = load_text_config(target, trust_remote_code)
+    fingerprint = model_fingerprint(target)
+    facts = None
+    for path in manifest_paths:
+        m = read_json(path)
+        mine = {"aux_layer_ids": m["aux_layer_ids"], "hidden_size": m["hidden_size"]}
+        if m["model"].get("config_sha256") != fingerprint.get("config_sha256") or (
+            "weights_sha256" in fingerprint and m["model"].get("weights_sha256") != fingerprint["weights_sha256"]
+        ):
+            raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target}")
+        if facts is None:
+            facts = mine
+        elif mine != facts:
+            raise TrainingInputError(f"{path}: layer set {mine} differs from other shards' {facts}")
+        if m["num_samples"] == 0:
+            raise TrainingInputError(f"{path}: shard has no samples")
+    if facts["hidden_size"] != target_config.hidden_size:
+        raise TrainingInputError(f"shards have hidden size {facts['hidden_size']}, target has {target_config.hidden_size}")
+    if t2d.shape[0] != target_config.vocab_size:
+        raise TrainingInputError(f"t2d covers {t2d.shape[0]} tokens but the target vocabulary has {target_config.vocab_size}")
+    if int(t2d.sum()) != d2t.shape[0]:
+        raise TrainingInputError(f"t2d marks {int(t2d.sum())} tokens but d2t has {d2t.shape[0]} entries")
+    if d2t.shape[0] > target_config.vocab_size:
+        raise TrainingInputError(f"draft vocabulary {d2t.shape[0]} is larger than the target's {target_config.vocab_size}")
+    return facts
+
+
+def split_train_val(files: list[str], lengths: list[int], val_fraction: float, seed: int):
+    order = list(range(len(files)))
+    random.Random(seed).shuffle(order)
+    n_val = int(round(val_fraction * len(files))) if len(files) > 1 else 0
+    n_val = min(max(n_val, 1 if val_fraction > 0 and len(files) > 1 else 0), len(files) - 1)
+    val, train = sorted(order[:n_val]), sorted(order[n_val:])
+    return ([files[i] for i in train], [lengths[i] for i in train]), ([files[i] for i in val], [lengths[i] for i in val])
+
+
+def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory):
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+    from speculators.train.noise_transforms import AddUniformNoise
+
+    from torch.utils.data import DataLoader
+
+    # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
+    transform = AddUniformNoise(std=noise_std, tensors=("hidden_states",)) if noise_std > 0 else None
+    dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=files, transform=transform)
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=total_seq_length,
+        lengths=[n - 1 for n in lengths],  # exact lengths from the manifests (after the one-token shift)
+        num_replicas=world_size,
+        rank=rank,
+        seed=seed,
+    )
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        collate_fn=create_collate_fn(total_seq_length),
+        persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
+
+
+class MetricsCSV(logging.Handler):
+    """Receives speculators' metric records; appends rows to a CSV and advances a progress bar."""
+
+    def __init__(self, path: Path, variant: str, ttt_steps: int, bar: tqdm | None):
+        super().__init__()
+        self.path, self.variant, self.bar = path, variant, bar
+        keys = [f"{kind}_{i}" for kind in ("loss", "full_acc", "cond_acc") for i in range(ttt_steps)]
+        self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys
+        if not self.path.exists():
+            with open(self.path, "w", newline="") as f:
+                csv.writer(f).writerow(self.columns)
+
+    def emit(self, record: logging.LogRecord):
+        msg, step = record.msg, getattr(record, "step", None)
+        if not isinstance(msg, dict):
+            return
+        if "train" in msg:
+            row = {"split": "train", "lr": msg.get("lr"), **msg["train"]}
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(epoch=msg["epoch"], loss=f"{msg['train'].get('loss', float('nan')):.3f}")
+        elif "val" in msg:
+            row = {"split": "val", **{k.removesuffix("_epoch"): v for k, v in msg["val"].items()}}
+            log.info("epoch %d validation: %s", msg["epoch"], ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "split"))
+        else:
+            return
+        row.update(variant=self.variant, epoch=msg["epoch"], step=step)
+        with open(self.path, "a", newline="") as f:
+            csv.writer(f).writerow([row.get(c, "") for c in self.columns])
+
+
+def drop_metrics_from(path: Path, first_epoch: int) -> None:
+    """Forget metric rows of epochs that will be re-run (a job killed mid-epoch)."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    epoch_col = rows[0].index("epoch")
+    kept = [rows[0]] + [r for r in rows[1:] if int(r[epoch_col]) < first_epoch]
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(kept)
+
+
+def make_trainer_class():
+    from speculators.train.checkpointer import SingleGPUCheckpointer, convert_float_dtype, load_safetensors_state_dict
+    from speculators.train.trainer import Trainer
+
+    class DeviceCheckpointer(SingleGPUCheckpointer):
+        """Loads single-process checkpoints onto the training device (0.3.0 hard-codes cuda:0)."""
+
+        device = "cpu"
+
+        def load_model_state_dict(self, model, float_dtype=None):
+            state = load_safetensors_state_dict(self.model_path(self.previous_epoch), str(self.device))
+            model.load_state_dict(convert_float_dtype(state, float_dtype or model.dtype), strict=False)
+
+        def load_optimizer_state_dict(self, model, optimizer, float_dtype=None):
+            state = torch.load(self.optimizer_path(self.previous_epoch), weights_only=True, map_location=self.device)
+            optimizer.load_state_dict(convert_float_dtype(state, float_dtype or model.dtype))
+
+    class DraftTrainer(Trainer):
+        def setup_trainer(self):
+            if not self.is_distributed:
+                self.checkpointer = DeviceCheckpointer(self.config.save_path)
+                self.checkpointer.device = self.config.local_rank
+            super().setup_trainer()
+            # 0.3.0 restarts the step counter at 0 on resume; keep steps global across runs
+            self.global_step = self.current_epoch * len(self.train_loader)
+
+        def save_checkpoint(self, epoch: int):
+            final_root = self.checkpointer.path
+            staging = final_root / ".staging"
+            self.checkpointer.path = staging
+            try:
+                super().save_checkpoint(epoch)
+            finally:
+                self.checkpointer.path = final_root
+            if not self.is_distributed or torch.distributed.get_rank() == 0:
+                shutil.rmtree(final_root / str(epoch), ignore_errors=True)
+                os.replace(staging / str(epoch), final_root / str(epoch))
+            if self.is_distributed:
+                torch.distributed.barrier()
+
+    return DraftTrainer
+
+
+def use_cpu_attention(model) -> None:
+    from draftsmith.attention import register
+
+    name = register()
+    for layer in model.layers:
+        layer.self_attn.config._attn_implementation = name
+
+
+def run_training(args: dict) -> None:
+    """One training process (all ranks run this under torchrun)."""
+    import numpy as np
+    from speculators.train.trainer import TrainerConfig
+    from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed
+
+    from draftsmith.attention import flex_attention_trains_on
+    from draftsmith.draft_model import build_draft
+
+    cfg = args["training"]
+    local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
+    use_cuda = args["gpus"] > 0 and torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    d2t = torch.from_numpy(np.load(args["d2t"])).to(device)
+    t2d = torch.from_numpy(np.load(args["t2d"])).to(device)
+    manifests = [read_json(p) for p in args["manifests"]]
+    aux_layer_ids = manifests[0]["aux_layer_ids"]
+    files = shard_files(args["manifests"])
+    lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
+    (train_files, train_lengths), (val_files, val_lengths) = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
+
+    torch.manual_seed(cfg["seed"])
+    draft = build_draft(args["target"], d2t, t2d, cfg["draft_layers"], aux_layer_ids, cfg["ttt_steps"], cfg["seed"],
+                        args.get("trust_remote_code", False))
+    if not flex_attention_trains_on(device):
+        log.info("FlexAttention has no backward on %s: using the dense-mask SDPA stand-in, without torch.compile", device)
+        use_cpu_attention(draft)
+        torch._dynamo.config.disable = True
+
+    num_workers = args.get("num_workers", 0)
+    loader_args = dict(world_size=world_size, rank=rank, seed=cfg["seed"], num_workers=num_workers, pin_memory=use_cuda)
+    train_loader = make_loader(train_files, train_lengths, cfg["total_seq_length"], cfg["noise_std"], **loader_args)
+    val_loader = make_loader(val_files, val_lengths, cfg["total_seq_length"], 0.0, **loader_args) if val_files else None
+
+    state_dir = Path(args["state_dir"])
+    checkpoints = state_dir / CHECKPOINTS
+    metrics_path = state_dir / METRICS
+    if not cfg["resume"] and rank == 0:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    call_kwargs = {"use_off_policy_tokens": False, "ttt_steps": cfg["ttt_steps"], "ttt_step_loss_decay": cfg["ttt_step_loss_decay"]}
+    trainer_config = TrainerConfig(
+        lr=cfg["lr"],
+        num_epochs=cfg["epochs"],
+        save_path=str(checkpoints),
+        resume_from_checkpoint=cfg["resume"],
+        is_distributed=is_distributed,
+        local_rank=device,
+        train_call_kwargs=call_kwargs,
+        val_call_kwargs=call_kwargs,
+        scheduler_type=cfg["scheduler"],
+        scheduler_warmup_steps=cfg.get("warmup_steps"),
+    )
+    metric_logger = logging.getLogger("speculators.metrics")
+    metric_logger.setLevel(logging.INFO)
+    metric_logger.propagate = False  # one dict per step would flood the rule's log; MetricsCSV keeps them
+    bar = None
+    handler = None
+    try:
+        DraftTrainer = make_trainer_class()
+        trainer = DraftTrainer(draft, trainer_config, train_loader, val_loader)
+        if rank == 0:
+            drop_metrics_from(metrics_path, trainer.current_epoch)
+            total = cfg["epochs"] * len(train_loader)
+            bar = tqdm(total=total, initial=trainer.current_epoch * len(train_loader), desc="train draft", unit="step", mininterval=5)
+            handler = MetricsCSV(metrics_path, args["variant"], cfg["ttt_steps"], bar)
+            metric_logger.addHandler(handler)
+            if trainer.current_epoch:
+                log.info("resuming from the checkpoint of epoch %d", trainer.current_epoch - 1)
+        trainer.run_training()
+    finally:
+        if handler is not None:
+            metric_logger.removeHandler(handler)
+        if bar is not None:
+            bar.close()
+        maybe_destroy_distributed()
+
+
+def export_checkpoint(state_dir: Path, epochs: int, out_config: Path, out_weights: Path, out_metrics: Path) -> None:
+    last = Path(state_dir) / CHECKPOINTS / str(epochs - 1)
+    if not (last / "model.safetensors").exists():
+        raise RuntimeError(f"training finished without a checkpoint for epoch {epochs - 1} in {last}")
+    for src, dst in ((last / "config.json", out_config), (last / "model.safetensors", out_weights),
+                     (Path(state_dir) / METRICS, out_metrics)):
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
+
+
+def train_draft(manifests: list[str], d2t: str, t2d: str, target: str, training: dict, state_dir: str, variant: str,
+                gpus: int, out_config: str, out_weights: str, out_metrics: str, trust_remote_code: bool = False) -> None:
+    """Validate inputs, train (in process, or under torchrun for gpus > 1), export the checkpoint."""
+    import numpy as np
+
+    check_inputs(manifests, torch.from_numpy(np.load(d2t)), torch.from_numpy(np.load(t2d)), target, trust_remote_code)
+    for m in manifests:
+        validate_shard(Path(m).parent, deep=True)
+    args = {"manifests": list(map(str, manifests)), "d2t": str(d2t), "t2d": str(t2d), "target": str(target),
+            "training": training, "state_dir": str(state_dir), "variant": variant, "gpus": gpus,
+            "trust_remote_code": trust_remote_code,
+            "num_workers": min(8, max(0, (os.cpu_count() or 1) // max(1, gpus) - 1)) if gpus > 0 else 0}
+    if gpus > 1:
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        args_path = Path(state_dir) / "args.json"
+        args_path.write_text(json.dumps(args))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+               "-m", "draftsmith.training", str(args_path)]
+        log.info("launching FSDP training: %s", " ".join(cmd))
+        subprocess.run(cmd, check=True)
+    else:
+        run_training(args)
+    export_checkpoint(Path(state_dir), training["epochs"], Path(out_config), Path(out_weights), Path(out_metrics))
+
+
+if __name__ == "__main__":  # torchrun entry point: python -m draftsmith.training ARGS_JSON
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_training(json.loads(Path(sys.argv[1]).read_text()))

@@ -1,0 +1,93 @@
+"""Shared fixtures: a tiny embedded-default configuration and one real pipeline run per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+# Small enough for a 2-core CI machine, large enough that every stage does real work.
+TINY_CONFIG = {
+    "embedded_target": {
+        "seed": 0, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_layers": 6,
+        "num_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 1024, "pretrain_steps": 60,
+        "pretrain_lr": 0.003, "pretrain_batch_size": 8, "pretrain_seq_len": 128,
+    },
+    "synthetic": {"seed": 0, "num_records": 160, "num_heldout": 6},
+    "seq_length": 256,
+    "extraction": {"backend": "hf", "num_shards": 2, "batch_tokens": 2048, "max_batch_size": 16,
+                   "aux_layer_ids": [1, 3, 4], "device": "cpu", "dtype": "float32", "writer_threads": 2},
+    "vocab": {"draft_vocab_size": 256},
+    "training": {"draft_layers": 1, "ttt_steps": 2, "ttt_step_loss_decay": 1.0, "lr": 0.002, "epochs": 2,
+                 "total_seq_length": 512, "scheduler": "linear", "warmup_steps": None, "noise_std": 0.05,
+                 "val_fraction": 0.1, "seed": 0, "resume": True, "gpus": 0},
+    "benchmark": {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 16, "num_prompts": 3,
+                  "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3,
+                  "device": "cpu", "dtype": "float32", "seed": 0},
+}
+
+
+def write_config(workdir: Path, overrides: dict | None = None) -> Path:
+    config = {**TINY_CONFIG, "results": str(workdir / "results")}
+    for key, value in (overrides or {}).items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config."""
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile",
+           str(workdir / "config.yaml"), "--cores", "2", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory) -> Path:
+    """The whole DAG on the tiny embedded default, run once; returns the working directory."""
+    workdir = tmp_path_factory.mktemp("pipeline")
+    write_config(workdir)
+    snakemake(workdir)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained)."""
+    from draftsmith.embedded_target import build_embedded_target
+    from draftsmith.synthetic import generate_corpus
+
+    out = tmp_path_factory.mktemp("tiny_target")
+    train, _ = generate_corpus(120, 1, seed=0)
+    cfg = {**TINY_CONFIG["embedded_target"], "pretrain_steps": 10}
+    build_embedded_target([r["messages"] for r in train], cfg, seed=0, out_dir=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_samples(tiny_target, tmp_path_factory) -> Path:
+    """Prepared samples (Parquet) of a small synthetic dataset for `tiny_target`."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.io import write_jsonl
+    from draftsmith.synthetic import generate_corpus
+    from draftsmith.tokenization import prepare_dataset
+
+    out = tmp_path_factory.mktemp("tiny_samples")
+    train, _ = generate_corpus(40, 1, seed=3)
+    write_jsonl(out / "train.jsonl", train)
+    prepare_dataset({"source": "local", "path": str(out / "train.jsonl")}, AutoTokenizer.from_pretrained(tiny_target),
+                    256, out / "samples.parquet", out / "stats.json", name="tiny")
+    return out / "samples.parquet"

@@ -1,0 +1,343 @@
+"""The report stage, built from inputs made by the pipeline's own code on a tiny target.
+
+Datasets are tokenized by `prepare_dataset` (one with bad records, so skips are real), shards
+are extracted by the HF backend, draft configs are speculators' own, benchmark tables go
+through `bench_results.write_results`. Training metrics are written in the documented
+metrics.csv format (TODO: switch to the lead's session-scoped `embedded_run` fixture once it
+exists, so every input comes from a real pipeline run).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from draftsmith.bench_results import accept_columns, write_results
+from draftsmith.io import read_json, sha256_file, write_jsonl
+from draftsmith.report import FIGURES, ReportInputError, build_report, fmt
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DATASETS = ["extra", "synthetic"]
+VARIANTS = {"default": {"draft_layers": 1, "backend": "offline"}, "wide": {"draft_layers": 2, "backend": "vllm"}}
+K = 3
+NUM_SHARDS = 2
+TTT = 3
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def simulate_prompt(rng: random.Random, method: str, accept_prob: float, max_new: int) -> dict:
+    """Counts of one greedy (speculative) decode where each draft token is accepted with `accept_prob`."""
+    row = {"method": method, "new_tokens": 0, "target_forwards": 0, "drafts": 0, "draft_tokens": 0,
+           "accepted_tokens": 0, **{c: 0 for c in accept_columns(K)}}
+    while row["new_tokens"] < max_new:
+        row["target_forwards"] += 1
+        accepted = 0
+        if method != "target_greedy":
+            row["drafts"] += 1
+            row["draft_tokens"] += K
+            while accepted < K and rng.random() < accept_prob:
+                accepted += 1
+                row[f"accept_pos_{accepted}"] += 1
+        row["accepted_tokens"] += accepted
+        row["new_tokens"] += accepted + 1
+    draft_cost = 0.0 if method == "target_greedy" else 0.15 * K * row["drafts"] * 0.01
+    row["seconds"] = row["target_forwards"] * 0.01 + draft_cost
+    return row
+
+
+def write_benchmark(out_dir: Path, variant: str, backend: str, seed: int) -> dict:
+    methods = {"target_greedy": 0.0, "prompt_lookup": 0.3, "untrained_draft": 0.05, "eagle3_draft": 0.7 + 0.1 * seed}
+    if backend == "vllm":  # vLLM's benchmark only compares target-only and the trained draft
+        methods = {m: p for m, p in methods.items() if m in ("target_greedy", "eagle3_draft")}
+    rng = random.Random(seed)
+    rows = []
+    for prompt_id in range(6):
+        prompt_tokens = rng.randint(10, 40)
+        for method, p in methods.items():
+            rows.append({"variant": variant, "backend": backend, "prompt_id": prompt_id,
+                         "prompt_tokens": prompt_tokens, **simulate_prompt(rng, method, p, 32)})
+    meta = {"variant": variant, "backend": backend, "device": "cpu: test (2 cores)", "dtype": "float32",
+            "max_new_tokens": 32, "num_prompts": 6, "versions": {"torch": "2.13.0", "vllm": "0.16.0"}}
+    summary = write_results(rows, K, out_dir / "per_prompt.csv", out_dir / "summary.json", meta)
+    if backend == "vllm":  # the vLLM backend checks outputs against target-only greedy
+        summary["methods"]["eagle3_draft"]["lossless"] = True
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def write_metrics(path: Path, variant: str, seed: int) -> None:
+    rng = random.Random(seed)
+    rows, step = [], 0
+    for epoch in range(3):
+        for _ in range(5):
+            step += 1
+            losses = [3.0 / (1 + 0.2 * step) + 0.3 * t + rng.random() * 0.05 for t in range(TTT)]
+            full = [min(1.0, 0.05 * step * 0.8 ** t) for t in range(TTT)]
+            rows.append({"variant": variant, "split": "train", "epoch": epoch, "step": step, "lr": 1e-3,
+                         "loss": sum(losses), **{f"loss_{t}": v for t, v in enumerate(losses)},
+                         **{f"full_acc_{t}": v for t, v in enumerate(full)},
+                         **{f"cond_acc_{t}": min(1.0, v * 1.1) for t, v in enumerate(full)}})
+        val = rows[-1] | {"split": "val", "loss": rows[-1]["loss"] + 0.1}
+        rows.append(val)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def make_inputs(root: Path) -> dict:
+    from draftsmith.draft_model import build_draft_config
+    from draftsmith.embedded_target import build_model, train_tokenizer
+    from draftsmith.extraction import extract
+    from draftsmith.synthetic import generate_corpus
+    from draftsmith.tokenization import prepare_dataset
+
+    results = root / "results"
+    train, _ = generate_corpus(48, 1, seed=0)
+    target = root / "target"
+    target.mkdir(parents=True)
+    tokenizer = train_tokenizer([m["content"] for r in train for m in r["messages"]], 400, target)
+    import torch
+
+    torch.manual_seed(0)
+    build_model(tokenizer, {"hidden_size": 32, "intermediate_size": 64, "num_layers": 4, "num_heads": 2,
+                            "num_kv_heads": 1, "max_position_embeddings": 512}).save_pretrained(target)
+    data = {
+        "synthetic": train[:30],
+        "extra": train[30:] + [{"id": "no-answer", "messages": [{"role": "user", "content": "hi"}]}],
+    }
+    for name, records in data.items():
+        path = root / "data" / f"{name}.jsonl"
+        write_jsonl(path, records)
+        if name == "extra":
+            with open(path, "a") as f:
+                f.write("{not json\n")
+        out = results / "prepared" / name
+        prepare_dataset({"source": "local", "path": str(path)}, tokenizer, 96, out / "samples.parquet",
+                        out / "stats.json", name=name)
+        for shard in range(NUM_SHARDS):
+            extract(out / "samples.parquet", shard, results / "shards" / name / f"shard_{shard}", str(target), None,
+                    False, {"backend": "hf", "num_shards": NUM_SHARDS, "device": "cpu", "dtype": "float32",
+                            "writer_threads": 1})
+    for seed, (variant, v) in enumerate(VARIANTS.items()):
+        draft_dir = results / "draft" / variant
+        build_draft_config(str(target), 256, v["draft_layers"], [1, 2, 2], K).save_pretrained(draft_dir)
+        write_metrics(draft_dir / "metrics.csv", variant, seed)
+        write_benchmark(results / "benchmark" / variant, variant, v["backend"], seed)
+    return {
+        "summaries": [results / "benchmark" / v / "summary.json" for v in VARIANTS],
+        "per_prompt": [results / "benchmark" / v / "per_prompt.csv" for v in VARIANTS],
+        "metrics": [results / "draft" / v / "metrics.csv" for v in VARIANTS],
+        "drafts": [results / "draft" / v / "config.json" for v in VARIANTS],
+        "stats": [results / "prepared" / d / "stats.json" for d in DATASETS],
+        "manifests": [results / "shards" / d / f"shard_{k}" / "manifest.json" for d in DATASETS
+                      for k in range(NUM_SHARDS)],
+    }
+
+
+def workflow_config(root: Path) -> dict:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["datasets"] = {"synthetic": {"source": "synthetic"},
+                          "extra": {"source": "local", "path": str(root / "data" / "extra.jsonl")}}
+    config["variants"] = {v: {"draft_layers": s["draft_layers"]} for v, s in VARIANTS.items()}
+    config["extraction"]["num_shards"] = NUM_SHARDS
+    return config
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report_inputs")
+    return root, make_inputs(root)
+
+
+@pytest.fixture(scope="module")
+def built(inputs):
+    root, paths = inputs
+    out = root / "out"
+    tables = build_report(**paths, config=workflow_config(root), out_html=out / "report.html",
+                          out_md=out / "report.md", figures_dir=out / "figures")
+    return out, tables, paths
+
+
+# ----------------------------------------------------------------------------- HTML tables
+
+
+class TableParser(HTMLParser):
+    """Cell texts of every <table id=...>, as {id: [[header...], [row...], ...]}."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.current = None
+        self.cell = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.current = self.tables.setdefault(dict(attrs).get("id", ""), [])
+        elif tag == "tr" and self.current is not None:
+            self.current.append([])
+        elif tag in ("td", "th") and self.current is not None:
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.current[-1].append(self.cell.strip())
+            self.cell = None
+        elif tag == "table":
+            self.current = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def html_tables(path: Path) -> dict[str, pd.DataFrame]:
+    parser = TableParser()
+    parser.feed(path.read_text())
+    return {key: pd.DataFrame(rows[1:], columns=rows[0]) for key, rows in parser.tables.items()}
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_every_figure_is_a_png_embedded_in_html_and_linked_from_markdown(built):
+    out, _, _ = built
+    html = (out / "report.html").read_text()
+    md = (out / "report.md").read_text()
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(f"{n}.png" for n in FIGURES)
+    for name in FIGURES:
+        png = (out / "figures" / f"{name}.png").read_bytes()
+        assert png.startswith(PNG_MAGIC) and len(png) > 5000, name
+        assert f"src='data:image/png;base64,{base64.b64encode(png).decode()}'" in html, name
+        assert f"](figures/{name}.png)" in md, name
+    # self-contained: nothing is fetched from elsewhere
+    assert "http://" not in html and "https://" not in html and "<link" not in html and "<script" not in html
+
+
+def test_benchmark_table_equals_summaries(built):
+    out, tables, paths = built
+    shown = html_tables(out / "report.html")["table-summary"]
+    expected = []
+    for path in paths["summaries"]:
+        s = read_json(path)
+        for method, m in s["methods"].items():
+            expected.append((s["variant"], method, fmt(m["acceptance_length"]), fmt(m["per_position_acceptance"]),
+                             fmt(m["tokens_per_s"], 1), fmt(m["speedup"], 2), fmt(m.get("lossless"))))
+    got = list(shown[["variant", "method", "acceptance length", "per-position acceptance", "tokens/s", "speedup",
+                      "lossless"]].itertuples(index=False, name=None))
+    assert sorted(got) == sorted(expected)
+    assert len(got) == 4 + 2  # offline: four methods; vllm: two
+    raw = tables["summary"].set_index(["variant", "method"])
+    wide = read_json(paths["summaries"][1])["methods"]["eagle3_draft"]
+    assert raw.loc[("wide", "eagle3_draft"), "acceptance length"] == wide["acceptance_length"]
+    assert raw.loc[("wide", "eagle3_draft"), "lossless"] is True
+
+
+def test_findings_are_computed_from_the_benchmark(built):
+    out, _, paths = built
+    md = (out / "report.md").read_text()
+    default = read_json(paths["summaries"][0])["methods"]
+    line = next(x for x in md.splitlines() if x.startswith("- `default`"))
+    assert f"accepts {fmt(default['eagle3_draft']['acceptance_length'], 2)} tokens per target forward" in line
+    assert f"vs {fmt(default['prompt_lookup']['acceptance_length'], 2)} for prompt lookup" in line
+    assert f"ran at {fmt(default['eagle3_draft']['speedup'], 2)}× target-only greedy speed" in line
+    assert "cpu: test (2 cores)" in line
+    wide_line = next(x for x in md.splitlines() if x.startswith("- `wide`"))
+    assert "prompt lookup" not in wide_line and "matched target-only greedy on every prompt" in wide_line
+
+
+def test_data_shard_and_draft_tables_equal_inputs(built):
+    out, _, paths = built
+    shown = html_tables(out / "report.html")
+    data = shown["table-data"].set_index("dataset")
+    for path in paths["stats"]:
+        stats = read_json(path)
+        row = data.loc[stats["dataset"]]
+        for field in ("records_read", "records_kept", "records_skipped", "tokens", "assistant_tokens"):
+            assert row[field.replace("_", " ")] == fmt(stats[field]), (stats["dataset"], field)
+    extra = read_json(paths["stats"][0])
+    assert extra["records_skipped"] == 2 and "invalid_json: 1" in data.loc["extra", "skipped by reason"]
+
+    shards = shown["table-shards"]
+    assert len(shards) == len(paths["manifests"])
+    for path in paths["manifests"]:
+        manifest = read_json(path)
+        row = shards[shards["manifest sha256"] == sha256_file(path)]
+        assert len(row) == 1, path
+        row = row.iloc[0]
+        assert (row["dataset"], row["shard"]) == (path.parent.parent.name, fmt(manifest["shard"]))
+        assert (row["samples"], row["tokens"]) == (fmt(manifest["num_samples"]), fmt(manifest["num_tokens"]))
+        assert row["tokens/s"] == fmt(manifest["tokens_per_second"], 1) and row["device"] == manifest["device"]
+
+    drafts = shown["table-drafts"].set_index("variant")
+    for path in paths["drafts"]:
+        cfg = read_json(path)
+        row = drafts.loc[path.parent.name]
+        assert row["draft layers"] == fmt(cfg["transformer_layer_config"]["num_hidden_layers"])
+        assert row["draft vocab"] == fmt(cfg["draft_vocab_size"]) and row["config sha256"] == sha256_file(path)
+
+
+def test_training_table_and_provenance(built, inputs):
+    out, _, paths = built
+    root, _ = inputs
+    shown = html_tables(out / "report.html")
+    training = shown["table-training"].set_index("variant")
+    for path in paths["metrics"]:
+        metrics = pd.read_csv(path)
+        variant = metrics["variant"].iloc[0]
+        last_val = metrics[metrics["split"] == "val"].iloc[-1]
+        assert training.loc[variant, "final val loss"] == fmt(float(last_val["loss"]), 4)
+        assert training.loc[variant, f"val full acc {TTT - 1}"] == fmt(float(last_val[f"full_acc_{TTT - 1}"]))
+    versions = shown["table-versions"].set_index("package")
+    assert versions.loc["vllm", "benchmark wide"] == "0.16.0"
+    assert versions.loc["device", "benchmark default"] == "cpu: test (2 cores)"
+    inputs_shown = shown["table-inputs"]
+    for path in paths["summaries"] + paths["metrics"] + paths["stats"]:
+        assert sha256_file(path) in set(inputs_shown["sha256"]), path
+    md = (out / "report.md").read_text()
+    config_block = md.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert yaml.safe_load(config_block) == workflow_config(root)
+
+
+def test_unusable_input_is_named(inputs, tmp_path):
+    root, paths = inputs
+    broken = tmp_path / "summary.json"
+    summary = read_json(paths["summaries"][0])
+    del summary["methods"]["eagle3_draft"]["speedup"]
+    broken.write_text(json.dumps(summary))
+    with pytest.raises(ReportInputError, match=r"summary\.json: methods\.eagle3_draft: missing field\(s\) speedup"):
+        build_report(**{**paths, "summaries": [broken, paths["summaries"][1]]}, config={},
+                     out_html=tmp_path / "r.html", out_md=tmp_path / "r.md", figures_dir=tmp_path / "figures")
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "figures").exists()
+
+
+def test_snakemake_rule_and_report(inputs, tmp_path):
+    """The real rule runs scripts/report.py; `snakemake --report` then collects every registered figure."""
+    root, _ = inputs
+    work = tmp_path / "work"
+    shutil.copytree(root / "results", work / "results")
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(workflow_config(root)))
+    snakemake = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--cores", "1",
+                 "--allowed-rules", "report"]
+    run = subprocess.run(snakemake + ["results/report/report.html"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = work / "results" / "report" / "figures"
+    assert sorted(p.name for p in figures.glob("*.png")) == sorted(f"{n}.png" for n in FIGURES)
+    report = subprocess.run(snakemake + ["--report", str(work / "snakemake_report.html")], capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    text = (work / "snakemake_report.html").read_text()
+    for name in FIGURES:
+        assert f"{name}.png" in text, name
+    assert "Per-position acceptance." in text  # a caption rendered from docs/report_caption.rst
