@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -70,13 +71,28 @@ def build_draft(target: str, d2t: torch.Tensor, t2d: torch.Tensor, draft_layers:
     return Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
 
 
-def load_draft(draft_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """Load a trained draft checkpoint (config.json + model.safetensors) with speculators."""
-    from safetensors import safe_open
-    from speculators.models.eagle3 import Eagle3DraftModel
+def from_pretrained_works(model_class) -> bool:
+    """speculators 0.3.0's `SpeculatorModel.from_pretrained` passes `verifier=` and
+    `verifier_attachment_mode=` on to `Eagle3DraftModel.__init__`, which does not take them."""
+    params = inspect.signature(model_class.__init__).parameters
+    return "verifier" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
-    weights = Path(draft_dir) / "model.safetensors"
-    with safe_open(weights, framework="pt") as f:
-        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
-    model = Eagle3DraftModel.from_pretrained(str(draft_dir), t2d=t2d, d2t=d2t, torch_dtype=dtype)
-    return model.to(device).eval()
+
+def load_draft(draft_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Load a trained draft checkpoint (config.json + model.safetensors) with speculators' classes."""
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    weights = load_file(Path(draft_dir) / "model.safetensors")
+    d2t, t2d = weights["d2t"], weights["t2d"]
+    if from_pretrained_works(Eagle3DraftModel):
+        model = Eagle3DraftModel.from_pretrained(str(draft_dir), t2d=t2d, d2t=d2t, dtype=dtype)
+    else:
+        config = Eagle3SpeculatorConfig.from_pretrained(str(draft_dir))
+        model = Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        # verifier_lm_head is rebuilt from the target and never saved
+        missing = [k for k in missing if k not in Eagle3DraftModel._keys_to_ignore_on_load_missing]
+        if missing or unexpected:
+            raise ValueError(f"{draft_dir}: checkpoint does not match its config (missing {missing}, unexpected {unexpected})")
+    return model.to(device=device, dtype=dtype).eval()
