@@ -21,8 +21,10 @@ demo: install
 	$(BIN)/snakemake --cores $(CORES)
 	@echo "Report: results/report/report.html (summary: results/report/report.md)"
 
+# pytest exits 5 when it collected no tests: that is a failure too.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 lint: install
 	$(BIN)/snakemake --lint
