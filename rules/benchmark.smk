@@ -10,7 +10,7 @@ rule benchmark:
         per_prompt=R / "benchmark" / "{variant}" / "per_prompt.csv",
         summary=R / "benchmark" / "{variant}" / "summary.json",
     params:
-        target=target_path(),
+        target=target_param,
         trust_remote_code=config["target"].get("trust_remote_code", False),
         revision=config["target"].get("revision"),
         benchmark=config["benchmark"],
@@ -23,5 +23,7 @@ rule benchmark:
     resources:
         gpu=extraction_gpus(),
         mem_mb=16000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/benchmark.py"

@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -5,6 +6,12 @@ from snakemake.utils import validate
 
 
 validate(config, "../config/schema/config.schema.yaml")
+
+# Jobs import the draftsmith package from this checkout, whatever environment runs them
+# (a conda env from --sdm conda does not have it installed). Set here, not required from the user.
+os.environ.update(
+    PYTHONPATH=os.pathsep.join(p for p in (workflow.basedir, os.environ.get("PYTHONPATH")) if p)
+)
 
 R = Path(config.get("results", "results"))
 EMBEDDED = config["target"]["model"] == "embedded"
@@ -20,6 +27,11 @@ wildcard_constraints:
 
 def target_path():
     return str(R / "target") if EMBEDDED else config["target"]["model"]
+
+
+def target_param(wildcards, input):
+    """The target model path handed to scripts (the built directory when embedded)."""
+    return input.target[0] if EMBEDDED else config["target"]["model"]
 
 
 def target_input():

@@ -11,6 +11,8 @@ rule make_synthetic_corpus:
     resources:
         gpu=0,
         mem_mb=1000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/make_synthetic_corpus.py"
 
@@ -30,6 +32,8 @@ rule build_target:
     resources:
         gpu=0,
         mem_mb=4000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/build_target.py"
 
@@ -43,7 +47,7 @@ rule prepare_dataset:
         stats=R / "prepared" / "{dataset}" / "stats.json",
     params:
         spec=lambda wc: dataset_spec(wc.dataset),
-        target=target_path(),
+        target=target_param,
         trust_remote_code=config["target"].get("trust_remote_code", False),
         revision=config["target"].get("revision"),
         seq_length=config["seq_length"],
@@ -54,5 +58,7 @@ rule prepare_dataset:
     resources:
         gpu=0,
         mem_mb=8000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/prepare_dataset.py"

@@ -5,7 +5,7 @@ rule extract_hidden_states:
     output:
         manifest=R / "shards" / "{dataset}" / "shard_{shard}" / "manifest.json",
     params:
-        target=target_path(),
+        target=target_param,
         revision=config["target"].get("revision"),
         trust_remote_code=config["target"].get("trust_remote_code", False),
         extraction=config["extraction"],
@@ -18,5 +18,7 @@ rule extract_hidden_states:
     resources:
         gpu=extraction_gpus(),
         mem_mb=16000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/extract_hidden_states.py"

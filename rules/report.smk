@@ -24,5 +24,7 @@ rule report:
     resources:
         gpu=0,
         mem_mb=4000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/report.py"

@@ -9,7 +9,7 @@ rule train_draft:
         weights=R / "draft" / "{variant}" / "model.safetensors",
         metrics=R / "draft" / "{variant}" / "metrics.csv",
     params:
-        target=target_path(),
+        target=target_param,
         training=lambda wc: variant_training(wc.variant),
         state_dir=lambda wc: str(R / "train_state" / wc.variant),
         gpus=lambda wc: training_gpus(wc.variant),
@@ -21,5 +21,7 @@ rule train_draft:
     resources:
         gpu=lambda wc: training_gpus(wc.variant),
         mem_mb=16000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/train_draft.py"

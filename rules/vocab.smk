@@ -10,6 +10,8 @@ rule token_freq:
     resources:
         gpu=0,
         mem_mb=4000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/token_freq.py"
 
@@ -24,7 +26,7 @@ rule vocab_map:
         t2d=R / "vocab" / "t2d.npy",
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        target=target_path(),
+        target=target_param,
         revision=config["target"].get("revision"),
         trust_remote_code=config["target"].get("trust_remote_code", False),
     log:
@@ -34,5 +36,7 @@ rule vocab_map:
     resources:
         gpu=0,
         mem_mb=2000,
+    conda:
+        "../envs/core.yaml"
     script:
         "../scripts/vocab_map.py"

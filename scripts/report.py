@@ -1,0 +1,20 @@
+from draftsmith.report import build_report
+from draftsmith.smk import run
+
+
+def main(smk):
+    build_report(
+        summaries=smk.input.summaries,
+        per_prompt=smk.input.per_prompt,
+        metrics=smk.input.metrics,
+        drafts=smk.input.drafts,
+        stats=smk.input.stats,
+        manifests=smk.input.manifests,
+        config=smk.params.config,
+        out_html=smk.output.html,
+        out_md=smk.output.md,
+        figures_dir=smk.output.figures,
+    )
+
+
+run(main, snakemake)  # noqa: F821
