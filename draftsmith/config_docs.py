@@ -1,0 +1,48 @@
+"""Render config/README.md from the JSON schema, so the documentation cannot drift from validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+HEADER = """# Configuration
+
+`config/config.yaml` is the embedded default; `config/examples/` has real runs. Every key is
+validated against `config/schema/config.schema.yaml` when the workflow starts; an unknown key or a
+wrong type stops the run with the schema path of the bad key. This page is generated from that
+schema (`python -m draftsmith.config_docs > config/README.md`); a test keeps it current.
+
+| key | type | description |
+| --- | --- | --- |
+"""
+
+
+def _type(node: dict) -> str:
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    if "oneOf" in node:
+        return " or ".join(_type(n) if "$ref" not in n else "dataset" for n in node["oneOf"])
+    t = node.get("type", "object" if "properties" in node else "")
+    return " or ".join(t) if isinstance(t, list) else t
+
+
+def _rows(node: dict, prefix: str, definitions: dict):
+    if "$ref" in node:
+        node = definitions[node["$ref"].split("/")[-1]]
+    for key, child in node.get("properties", {}).items():
+        name = f"{prefix}{key}"
+        yield f"| `{name}` | {_type(child)} | {child.get('description', '')} |"
+        yield from _rows(child, f"{name}.", definitions)
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        yield from _rows(extra, f"{prefix}<name>.", definitions)
+
+
+def render(schema_path: str | Path) -> str:
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    return HEADER + "\n".join(_rows(schema, "", schema.get("definitions", {}))) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(Path(__file__).resolve().parents[1] / "config" / "schema" / "config.schema.yaml"), end="")

@@ -1,0 +1,49 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from conftest import REPO, snakemake, write_config
+from draftsmith.config_docs import render
+
+SCHEMA = str(REPO / "config" / "schema" / "config.schema.yaml")
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def test_config_readme_is_generated_from_the_schema():
+    assert (REPO / "config" / "README.md").read_text() == render(SCHEMA), "run: python -m draftsmith.config_docs > config/README.md"
+
+
+@pytest.mark.parametrize("path", [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "examples").glob("*.yaml"))],
+                         ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    validate(load(path), SCHEMA)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["extraction"].update(num_shard=2), "num_shard"),
+    (lambda c: c["extraction"].update(num_shards=0), "num_shards"),
+    (lambda c: c["training"].update(epochs="three"), "epochs"),
+    (lambda c: c["training"].update(total_seq_length=1000), "total_seq_length"),
+    (lambda c: c["datasets"].update(extra={"source": "local"}), "path"),
+    (lambda c: c["extraction"].update(aux_layer_ids=[1, 2]), "aux_layer_ids"),
+    (lambda c: c.update(colour="blue"), "colour"),
+])
+def test_bad_config_names_the_key(change, message):
+    config = load(REPO / "config" / "config.yaml")
+    change(config)
+    with pytest.raises(WorkflowError) as e:
+        validate(config, SCHEMA)
+    assert message in str(e.value)
+
+
+def test_bad_config_stops_the_workflow_at_start(tmp_path):
+    write_config(tmp_path, {"extraction": {"num_shards": 0}})
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert "num_shards" in proc.stdout + proc.stderr and "minimum" in proc.stdout + proc.stderr

@@ -1,0 +1,93 @@
+"""The embedded default end to end with Snakemake, plus targeted rebuilds and rerun triggers."""
+
+import json
+import re
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from conftest import REPO, SNAKEMAKE, snakemake, write_config
+from draftsmith.io import sha256_file
+from draftsmith.shards import validate_shard
+from draftsmith.tokenization import read_samples
+
+
+def jobs_planned(proc) -> dict[str, int]:
+    """Rule -> job count from a dry run's job table."""
+    table = proc.stdout.split("Job stats:")[-1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+def test_spine_outputs_are_real_and_consistent(pipeline_run):
+    r = pipeline_run / "results"
+    stats = json.loads((r / "prepared" / "synthetic" / "stats.json").read_text())
+    samples = read_samples(r / "prepared" / "synthetic" / "samples.parquet")
+    assert stats["records_kept"] == len(samples["sample_id"]) == 160 and stats["records_skipped"] == 0
+    assert all(sum(m) > 0 for m in samples["loss_mask"])
+    assert all(len(i) <= 256 for i in samples["input_ids"])
+    seen = []
+    for shard in range(2):
+        manifest = validate_shard(r / "shards" / "synthetic" / f"shard_{shard}", samples, deep=True)
+        assert manifest["aux_layer_ids"] == [1, 3, 4] and manifest["dtype"] == "float32"
+        seen += [e["index"] for e in manifest["samples"]]
+        data = torch.load(r / "shards" / "synthetic" / f"shard_{shard}" / manifest["samples"][0]["file"], weights_only=True)
+        assert [s.dtype for s in data["hidden_states"]] == [torch.float32] * 4
+    assert sorted(seen) == list(range(160))
+    d2t, t2d = np.load(r / "vocab" / "d2t.npy"), np.load(r / "vocab" / "t2d.npy")
+    assert d2t.shape == (256,) and t2d.shape == (512,) and t2d.sum() == 256
+    assert np.array_equal(np.flatnonzero(t2d), np.arange(256) + d2t)
+
+
+def test_draft_benchmark_and_report_exist(pipeline_run):
+    r = pipeline_run / "results"
+    config = json.loads((r / "draft" / "default" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4] and config["speculators_model_type"] == "eagle3"
+    metrics = pd.read_csv(r / "draft" / "default" / "metrics.csv")
+    train = metrics[metrics.split == "train"]
+    assert train.loss.iloc[-3:].mean() < train.loss.iloc[:3].mean()
+    per_prompt = pd.read_csv(r / "benchmark" / "default" / "per_prompt.csv")
+    assert set(per_prompt.method) == {"target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"}
+    assert len(per_prompt) == 4 * 3
+    html = (r / "report" / "report.html").read_text()
+    assert "eagle3_draft" in html and html.count("data:image/png;base64,") >= 6
+
+
+def test_noop_rerun_targeted_rebuild_and_rerun_triggers(pipeline_run):
+    workdir = pipeline_run
+    r = workdir / "results"
+    start = time.perf_counter()
+    noop = snakemake(workdir, "-n")
+    assert "Nothing to be done" in noop.stdout + noop.stderr
+    assert time.perf_counter() - start < 30  # the timing target (<= 3 s) is measured by a benchmark, not here
+
+    # changing draft_vocab_size re-runs only the vocab map and what depends on it
+    changed = workdir / "changed.yaml"
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["vocab"]["draft_vocab_size"] = 128
+    changed.write_text(yaml.safe_dump(config))
+    planned = jobs_planned(snakemake(workdir, "-n", "--configfile", str(changed)))
+    assert planned == {"all": 1, "vocab_map": 1, "train_draft": 1, "benchmark": 1, "report": 1}
+
+    # asking for one file builds only what it needs, and the rebuilt map is identical
+    before = sha256_file(r / "vocab" / "d2t.npy")
+    (r / "vocab" / "d2t.npy").unlink()
+    proc = snakemake(workdir, str(r / "vocab" / "d2t.npy"))
+    assert jobs_planned(proc) == {"vocab_map": 1}
+    assert sha256_file(r / "vocab" / "d2t.npy") == before
+
+
+def test_single_target_on_a_fresh_tree_plans_only_its_inputs(tmp_path):
+    write_config(tmp_path)
+    planned = jobs_planned(snakemake(tmp_path, "-n", str(tmp_path / "results" / "vocab" / "d2t.npy")))
+    assert planned == {"make_synthetic_corpus": 1, "build_target": 1, "prepare_dataset": 1, "token_freq": 1, "vocab_map": 1}
+
+
+def test_workflow_lints_clean():
+    import subprocess
+
+    proc = subprocess.run([SNAKEMAKE, "--lint", "-s", str(REPO / "Snakefile")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
