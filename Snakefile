@@ -14,6 +14,7 @@ include: "rules/vocab.smk"
 include: "rules/train.smk"
 include: "rules/benchmark.smk"
 include: "rules/report.smk"
+include: "rules/validate.smk"
 
 
 rule all:

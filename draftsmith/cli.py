@@ -1,0 +1,94 @@
+"""`draftsmith` command line: the parts of the pipeline users reach for outside Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def cmd_validate(args) -> int:
+    from draftsmith.validate import validate_results, write_findings
+
+    findings = validate_results(args.results)
+    for f in findings:
+        print(f"{'ok  ' if f.ok else 'FAIL'} {f.path}: {f.message}")
+    if args.json:
+        write_findings(findings, args.json)
+    bad = sum(not f.ok for f in findings)
+    print(f"{len(findings) - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+def cmd_inspect(args) -> int:
+    path = Path(args.path)
+    if (path / "manifest.json").exists():
+        from draftsmith.shards import load_manifest
+
+        m = load_manifest(path)
+        info = {k: m[k] for k in ("format", "backend", "shard", "num_shards", "num_samples", "num_tokens", "aux_layer_ids",
+                                  "hidden_size", "dtype", "device", "tokens_per_second")}
+        info["model"] = m["model"].get("path")
+        info["versions"] = m["versions"]
+    elif (path / "config.json").exists() and (path / "model.safetensors").exists():
+        from safetensors import safe_open
+
+        config = json.loads((path / "config.json").read_text())
+        with safe_open(path / "model.safetensors", framework="pt") as f:
+            params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        layer = config.get("transformer_layer_config", {})
+        info = {"type": config.get("speculators_model_type"), "verifier": config["speculators_config"]["verifier"]["name_or_path"],
+                "draft_layers": layer.get("num_hidden_layers"), "hidden_size": layer.get("hidden_size"),
+                "draft_vocab_size": config.get("draft_vocab_size"),
+                "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
+                "speculative_tokens": config["speculators_config"]["proposal_methods"][0].get("speculative_tokens"),
+                "saved_parameters": params}
+    else:
+        print(f"{path}: neither a shard directory (manifest.json) nor a draft checkpoint (config.json + model.safetensors)",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def cmd_preflight(args) -> int:
+    import yaml
+
+    from draftsmith.preflight import main as preflight_main
+
+    config = {}
+    for path in args.configfile:
+        config.update(yaml.safe_load(Path(path).read_text()))
+    return preflight_main(config, args.target)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsmith",
+        description="Train and measure EAGLE-3 draft models. The pipeline itself runs with `snakemake --cores all`; "
+        "these commands check and inspect its inputs and outputs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("preflight", help="check the installed stack, target and disk before any weights load")
+    p.add_argument("--configfile", nargs="+", default=["config/config.yaml"], help="workflow config file(s), later ones override")
+    p.add_argument("--target", default=None, help="target model path (default: from the config; results/target when embedded)")
+    p.set_defaults(func=cmd_preflight)
+    p = sub.add_parser("validate", help="check a whole results tree: samples, shard checksums and tensors, vocab map, drafts")
+    p.add_argument("results", nargs="?", default="results", help="results directory (default: results)")
+    p.add_argument("--json", help="also write the findings to this JSON file")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("inspect", help="summarise a shard directory or a draft checkpoint")
+    p.add_argument("path", help="a shard directory (with manifest.json) or a draft directory (config.json + model.safetensors)")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
