@@ -84,7 +84,9 @@ def _packed_batches(token_stream: list[int], seq_len: int, batch_size: int, rng:
 
 
 def pretrain(model, tokenizer, conversations: list[list[dict]], cfg: dict, seed: int) -> list[float]:
-    """Next-token pretraining on the rendered conversations; returns the loss per step."""
+    """Next-token pretraining on the rendered conversations (bf16 autocast on a GPU); returns the loss per step."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     stream: list[int] = []
@@ -102,8 +104,9 @@ def pretrain(model, tokenizer, conversations: list[list[dict]], cfg: dict, seed:
     losses = []
     bar = tqdm(range(steps), desc="pretrain target", mininterval=5)
     for step in bar:
-        batch = next(batches)
-        loss = model(input_ids=batch, labels=batch).loss
+        batch = next(batches).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -113,7 +116,7 @@ def pretrain(model, tokenizer, conversations: list[list[dict]], cfg: dict, seed:
         if step % 25 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
             log.info("pretrain step %d loss %.4f", step, losses[-1])
-    model.eval()
+    model.to("cpu").eval()
     return losses
 
 

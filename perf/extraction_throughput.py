@@ -1,0 +1,187 @@
+"""Hidden-state extraction throughput: draftsmith's batched hf backend vs a batch-size-1 loop.
+
+Both run in one process on the same samples and write the same files to the same disk. The
+limit is the larger of two floors: prefill FLOPs over the measured matmul rate, and bytes
+written over the measured write bandwidth (with fsync) of the output disk.
+
+    python perf/extraction_throughput.py --preset reference --out-dir /tmp/x --table perf/results/extraction.md
+    python perf/extraction_throughput.py --preset embedded ...   # the embedded default's size, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from draftsmith.hidden_states import HFHiddenStateExtractor, resolve_device, resolve_dtype  # noqa: E402
+from draftsmith.io import sha256_bytes, write_text  # noqa: E402
+from draftsmith.layers import default_aux_layer_ids  # noqa: E402
+from draftsmith.shards import extract_shard, package_versions, serialise_sample  # noqa: E402
+
+PRESETS = {
+    # DESIGN.md's reference: 24 layers, hidden 1024, 443M parameters, 192 sequences of 256-2048 tokens
+    "reference": dict(layers=24, hidden=1024, intermediate=4096, heads=16, kv_heads=8, vocab=32000,
+                      num_seqs=192, min_len=256, max_len=2048, batch_tokens=65536, max_batch=64),
+    # the embedded default's target and sample lengths
+    "embedded": dict(layers=8, hidden=128, intermediate=384, heads=4, kv_heads=2, vocab=1024,
+                     num_seqs=256, min_len=30, max_len=160, batch_tokens=8192, max_batch=64),
+}
+
+
+def make_target(p: dict, path: Path) -> int:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=p["vocab"], hidden_size=p["hidden"], intermediate_size=p["intermediate"],
+                         num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
+                         max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    return sum(t.numel() for t in model.parameters())
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype) -> float:
+    n = 8192 if device.type == "cuda" else 1024
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    reps = 50 if device.type == "cuda" else 5
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
+
+
+def write_bandwidth(directory: Path, total_bytes: int) -> float:
+    """Bytes/s writing `total_bytes` in 64 MiB files with fsync, like the shard writers."""
+    block = os.urandom(64 << 20)
+    start = time.perf_counter()
+    written = 0
+    i = 0
+    while written < total_bytes:
+        with open(directory / f"bw_{i}.bin", "wb") as f:
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        written += len(block)
+        i += 1
+    seconds = time.perf_counter() - start
+    for p in directory.glob("bw_*.bin"):
+        p.unlink()
+    return written / seconds
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def batch1_loop(extractor, samples, out: Path) -> float:
+    """The naive loop: one sample per forward, copied and written before the next starts."""
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for i, ids in enumerate(samples["input_ids"]):
+        states = extractor.sample_states(ids)
+        data = serialise_sample(ids, samples["loss_mask"][i], states)
+        sha256_bytes(data)
+        with open(out / f"data_{i}.pt", "wb") as f:
+            f.write(data)
+    sync(extractor.device)
+    return time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="reference")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--out-dir", default=None, help="where shards are written (the disk under test)")
+    ap.add_argument("--table", default="perf/results/extraction.md")
+    ap.add_argument("--num-seqs", type=int, default=None)
+    args = ap.parse_args()
+    p = dict(PRESETS[args.preset])
+    if args.num_seqs:
+        p["num_seqs"] = args.num_seqs
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    work = Path(args.out_dir or tempfile.mkdtemp(prefix="extract-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    target = work / "target"
+    params = make_target(p, target)
+
+    rng = random.Random(0)
+    lengths = [rng.randint(p["min_len"], p["max_len"]) for _ in range(p["num_seqs"])]
+    samples = {"sample_id": [f"s{i}" for i in range(len(lengths))],
+               "input_ids": [[rng.randrange(p["vocab"]) for _ in range(n)] for n in lengths],
+               "loss_mask": [[1] * n for n in lengths]}
+    tokens = sum(lengths)
+    aux = default_aux_layer_ids(p["layers"])
+    extractor = HFHiddenStateExtractor(str(target), aux, device=str(device), dtype=args.dtype)
+
+    # warm-up (kernels, allocator) on a few samples, not timed
+    extractor.forward(samples["input_ids"][:4])
+    sync(device)
+
+    t_batch1 = batch1_loop(extractor, samples, work / "batch1")
+    shutil.rmtree(work / "batch1")
+    start = time.perf_counter()
+    manifest = extract_shard(samples, "bench", 0, 1, work / "batched", extractor, p["batch_tokens"], p["max_batch"],
+                             {"path": str(target)}, writers=8 if device.type == "cuda" else 2)
+    t_batched = time.perf_counter() - start
+    bytes_written = sum(e["bytes"] for e in manifest["samples"])
+    shutil.rmtree(work / "batched")
+
+    tflops = matmul_tflops(device, dtype)
+    bandwidth = write_bandwidth(work, min(bytes_written, 4 << 30))
+    # prefill FLOPs: 2 per parameter per token for the decoder (no lm_head), plus attention 4*L*hidden*len per token
+    decoder_params = params - 2 * p["vocab"] * p["hidden"]
+    flops = sum(2 * decoder_params * n + 4 * p["layers"] * p["hidden"] * n * n / 2 for n in lengths)
+    t_compute, t_disk = flops / (tflops * 1e12), bytes_written / bandwidth
+    limit = tokens / max(t_compute, t_disk)
+
+    rows = [
+        ("batch-size-1 loop", tokens / t_batch1, t_batch1),
+        ("draftsmith hf backend (batched, async writes)", tokens / t_batched, t_batched),
+    ]
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    lines = [
+        f"Extraction throughput, preset `{args.preset}`: {p['layers']} layers, hidden {p['hidden']}, "
+        f"{params / 1e6:.1f}M parameters, {p['num_seqs']} sequences of {p['min_len']}-{p['max_len']} tokens "
+        f"({tokens} tokens), 4 states per token, {dtype}, on {device_name}; "
+        f"{time.strftime('%Y-%m-%d')}; torch {package_versions().get('torch')}",
+        "",
+        "| method | tokens/s | seconds | vs batch-1 | vs limit |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, tps, secs in rows:
+        lines.append(f"| {name} | {tps:,.0f} | {secs:.2f} | {tps / rows[0][1]:.2f}x | {tps / limit:.0%} |")
+    lines += [
+        f"| limit: max(compute floor, disk floor) | {limit:,.0f} | {tokens / limit:.2f} | {limit / rows[0][1]:.2f}x | 100% |",
+        "",
+        f"Compute floor {tokens / t_compute:,.0f} tokens/s ({flops / 1e12:.1f} TFLOP at a measured {tflops:.1f} TFLOP/s); "
+        f"disk floor {tokens / t_disk:,.0f} tokens/s ({bytes_written / 1e9:.2f} GB at a measured "
+        f"{bandwidth / 1e9:.2f} GB/s with fsync).",
+    ]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    write_text(args.table, table)
+    write_text(Path(args.table).with_suffix(".json"), json.dumps({
+        "preset": args.preset, "tokens": tokens, "batch1_tps": rows[0][1], "batched_tps": rows[1][1], "limit_tps": limit,
+        "matmul_tflops": tflops, "write_gbps": bandwidth / 1e9, "device": device_name}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
