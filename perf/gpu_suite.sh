@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU measurements in few calls to the GPU machine (its image: python3 with torch, no network).
+#   perf/gpu_suite.sh pipeline   # install carried wheels; the whole DAG on config/gpu.yaml (hf backend, GPU training, offline benchmark)
+#   perf/gpu_suite.sh perf       # extraction throughput (reference preset) and training throughput vs speculators' recipe
+# Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/draftsmith-out}
+mkdir -p "$OUT"
+if [ ! -d /tmp/site/snakemake ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, transformers, speculators; print('torch', torch.__version__, 'transformers', transformers.__version__, 'speculators', speculators.__version__)" | tee -a "$OUT/device.txt"
+
+case "${1:-pipeline}" in
+pipeline)
+  start=$(date +%s)
+  python3 -m snakemake --cores 16 --configfile config/gpu.yaml --resources gpu=1 2>&1 | tail -n 40 || status=$?
+  echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
+  tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
+    results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
+    results-gpu/target/draftsmith_target.json $(ls results-gpu/shards/*/*/manifest.json 2>/dev/null) || true
+  exit "${status:-0}"
+  ;;
+perf)
+  python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"
+  python3 perf/training_throughput.py --results results-gpu --table "$OUT/training.md" 2>&1 | tail -n 30
+  ;;
+esac
