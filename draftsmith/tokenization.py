@@ -99,10 +99,9 @@ def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stat
         "seq_length": seq_length,
     }
     if not rows["sample_id"]:
-        write_json(stats_path, stats)
         raise ValueError(
-            f"dataset {name!r} has no usable records ({read} read; skipped: {dict(skipped) or 'none'}); "
-            f"see {stats_path}"
+            f"dataset {name!r} has no usable records ({read} read; skipped by reason: {dict(sorted(skipped.items())) or 'none'}); "
+            "each skipped record is logged above with its file, record and field"
         )
     table = pa.table(
         {

@@ -1,0 +1,152 @@
+"""Fault injection on the real workflow: kills, full disks, corrupt and malformed inputs.
+
+Each test works on a copy of the session pipeline's inputs, so it never disturbs other tests.
+docs/RELIABILITY.md lists every fault tried here and what happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, SNAKEMAKE, snakemake
+from draftsmith.io import sha256_file
+
+SHARD = "results/shards/synthetic/shard_0"
+
+
+def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None) -> Path:
+    """A new workdir holding the pipeline's data, target and prepared samples (mtimes kept)."""
+    for sub in ("data", "target", "prepared"):
+        shutil.copytree(pipeline_run / "results" / sub, workdir / "results" / sub)
+    config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
+    config["results"] = str(workdir / "results")
+    for key, value in (overrides or {}).items():
+        config[key] = {**config[key], **value}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    return workdir
+
+
+def manifest_target(workdir: Path) -> str:
+    return str(workdir / SHARD / "manifest.json")
+
+
+def journal_entries(shard: Path) -> list[dict]:
+    lines = (shard / "progress.jsonl").read_text().splitlines()[1:]
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_sigkill_mid_shard_then_rerun_resumes_byte_identical(pipeline_run, tmp_path):
+    # one sample per batch, so the shard takes long enough to be killed half-way
+    workdir = copy_inputs(pipeline_run, tmp_path, {"extraction": {"max_batch_size": 1}})
+    shard = workdir / SHARD
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile",
+           str(workdir / "config.yaml"), "--cores", "1", manifest_target(workdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if (shard / "progress.jsonl").exists() and len(journal_entries(shard)) >= 10:
+            break
+        if proc.poll() is not None:
+            pytest.fail("extraction finished before it could be killed")
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its job, mid-shard
+    proc.wait()
+    assert not (shard / "manifest.json").exists(), "a killed job must leave nothing that looks finished"
+    done = journal_entries(shard)
+    assert len(done) >= 10
+    for entry in done:
+        assert sha256_file(shard / entry["file"]) == entry["sha256"]
+
+    snakemake(workdir, manifest_target(workdir), "--cores", "1")
+    manifest = json.loads((shard / "manifest.json").read_text())
+    assert manifest["resumed_samples"] >= len(done) and manifest["resumed_samples"] < manifest["num_samples"]
+    resumed = [(e["file"], e["sha256"]) for e in manifest["samples"]]
+
+    shutil.move(shard, tmp_path / "resumed_shard")  # now the same shard without interruption
+    snakemake(workdir, manifest_target(workdir), "--cores", "1")
+    fresh = json.loads((shard / "manifest.json").read_text())
+    assert fresh["resumed_samples"] == 0
+    assert [(e["file"], e["sha256"]) for e in fresh["samples"]] == resumed
+
+
+def test_disk_full_keeps_completed_samples_and_logs_the_error(pipeline_run, tmp_path):
+    workdir = copy_inputs(pipeline_run, tmp_path, {"extraction": {"max_batch_size": 4}})
+    shard = workdir / SHARD
+    shard.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(shard)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    try:
+        proc = snakemake(workdir, manifest_target(workdir), check=False)
+        assert proc.returncode != 0
+        log = (workdir / "logs" / "extract_hidden_states" / "synthetic" / "shard_0.log").read_text()
+        assert "No space left on device" in log
+        done = journal_entries(shard)
+        assert done, "samples written before the disk filled are kept"
+        for entry in done:
+            assert sha256_file(shard / entry["file"]) == entry["sha256"]
+        assert not (shard / "manifest.json").exists()
+        kept = tmp_path / "kept"
+        shutil.copytree(shard, kept)
+    finally:
+        subprocess.run(["umount", str(shard)], check=True)
+    shutil.rmtree(shard)
+    shutil.copytree(kept, shard)  # the same files on a disk with room again
+    snakemake(workdir, manifest_target(workdir))
+    manifest = json.loads((shard / "manifest.json").read_text())
+    assert manifest["resumed_samples"] >= len(done)
+
+
+@pytest.mark.parametrize("fault", ["flip_byte", "truncate"])
+def test_corrupt_shard_is_refused_by_validate_and_training(pipeline_run, tmp_path, fault):
+    workdir = copy_inputs(pipeline_run, tmp_path)
+    for sub in ("shards", "vocab"):
+        shutil.copytree(pipeline_run / "results" / sub, workdir / "results" / sub)
+    manifest = json.loads((workdir / SHARD / "manifest.json").read_text())
+    victim = workdir / SHARD / manifest["samples"][3]["file"]
+    raw = victim.read_bytes()
+    victim.write_bytes(raw[: len(raw) // 2] if fault == "truncate" else raw[:100] + bytes([raw[100] ^ 1]) + raw[101:])
+
+    proc = snakemake(workdir, "validate", check=False)
+    assert proc.returncode != 0
+    log = (workdir / "logs" / "validate.log").read_text()
+    assert victim.name in log and "checksum" in log
+
+    proc = snakemake(workdir, str(workdir / "results" / "draft" / "default" / "config.json"), check=False)
+    assert proc.returncode != 0
+    log = (workdir / "logs" / "train_draft" / "default.log").read_text()
+    assert victim.name in log and "checksum" in log
+    assert not (workdir / "results" / "draft" / "default" / "config.json").exists()
+
+
+def test_malformed_dataset_fails_with_file_record_and_field(pipeline_run, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([
+        '{"id": "r1", "messages": [{"role": "user", "content": "hi"}]}',
+        "{not json",
+        '{"id": "r3", "conversations": [{"from": "gpt", "value": "I speak first"}, {"from": "human", "value": "ok"}]}',
+        '{"id": "r4", "messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "x"}]}',
+    ]) + "\n")
+    workdir = copy_inputs(pipeline_run, tmp_path / "w")
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["datasets"] = {"broken": {"source": "local", "path": str(bad)}}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(workdir, str(workdir / "results" / "prepared" / "broken" / "samples.parquet"), check=False)
+    assert proc.returncode != 0
+    log = (workdir / "logs" / "prepare_dataset" / "broken.log").read_text()
+    assert "dataset 'broken' has no usable records" in log
+    assert f"{bad}: record 1 (id line 2)" in log and "invalid JSON" in log
+    assert "record 3 (id r4)" in log and "messages[0].content is int" in log
+    assert "starts with an assistant turn" in log
+    assert ("skipped by reason: {'invalid_json': 1, 'no_assistant_turn': 1, 'non_string_content': 1, "
+            "'starts_with_assistant': 1}") in log
+    assert not (workdir / "results" / "prepared" / "broken" / "samples.parquet").exists()
