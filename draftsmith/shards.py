@@ -199,6 +199,7 @@ def extract_shard(
         lengths = [len(samples["input_ids"][i]) for i in indices]
         batches = [[indices[j] for j in b] for b in plan_batches(lengths, batch_tokens, max_batch_size)]
         todo = [b for b in batches if not all(i in writer.done for i in b)]
+        resumed = sum(i in writer.done for i in indices)
         total_tokens = sum(lengths)
         done_tokens = sum(len(samples["input_ids"][i]) for b in batches if b not in todo for i in b)
         if not indices:
@@ -235,7 +236,7 @@ def extract_shard(
             "versions": package_versions(),
             "extraction_seconds": round(seconds, 3),
             "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 else None,
-            "resumed_samples": len(indices) - sum(len(b) for b in todo),
+            "resumed_samples": resumed,
         }
         writer.finish(manifest, indices)
     finally:
