@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.draftsmith-core-installed
 CORES ?= all
+# GPU cap for Snakemake's scheduler: GPU jobs run one per GPU (each pins its own; see draftsmith/gpus.py)
+GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 PYTEST_ARGS ?=
 
 .PHONY: install demo test lint dryrun clean-results
@@ -18,7 +20,7 @@ $(STAMP): envs/core.lock.txt pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)
 	@echo "Report: results/report/report.html (summary: results/report/report.md)"
 
 # pytest exits 5 when it collected no tests: that is a failure too.

@@ -40,8 +40,11 @@ def run(main, snakemake) -> None:
         pass
     log = logging.getLogger(f"draftsmith.rule.{snakemake.rule}")
     log.info("rule %s started (threads=%d)", snakemake.rule, threads)
+    from draftsmith.gpus import claim_gpus
+
     try:
-        main(snakemake)
+        with claim_gpus(int(getattr(snakemake.resources, "gpu", 0) or 0)):
+            main(snakemake)
     except Exception:
         log.error("rule %s failed:\n%s", snakemake.rule, traceback.format_exc())
         raise
