@@ -1,0 +1,156 @@
+"""The offline benchmark backend: every method on every prompt with draftsmith's PyTorch loops.
+
+Methods: `target_greedy` (the baseline and the reference output), `prompt_lookup` (n-gram
+drafts, no training), `untrained_draft` (a freshly initialised EAGLE-3 draft of the trained
+draft's shape and vocabulary: what the architecture gives before training) and
+`eagle3_draft` (the trained checkpoint). Each speculative method's output must equal the
+target's greedy output; the summary records that per method as `lossless`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from tqdm import tqdm
+
+from draftsmith.bench_results import BASELINE, write_results
+from draftsmith.draft_model import build_draft, load_draft
+from draftsmith.hidden_states import resolve_device, resolve_dtype
+from draftsmith.layers import resolve_aux_layer_ids, text_config
+from draftsmith.models import load_tokenizer
+from draftsmith.shards import device_description, package_versions
+from draftsmith.spec_decode import (
+    Eagle3Proposer,
+    PromptLookupProposer,
+    TargetModel,
+    greedy_decode,
+    speculative_decode,
+)
+
+log = logging.getLogger(__name__)
+
+METHODS = ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]
+
+
+def check_settings(cfg: dict) -> None:
+    if cfg.get("temperature", 0.0) != 0:
+        raise ValueError(f"benchmark.temperature = {cfg['temperature']}: only greedy decoding (0) is measured")
+    if cfg.get("batch_size", 1) != 1:
+        raise ValueError(f"benchmark.batch_size = {cfg['batch_size']}: the offline backend runs batch size 1 only "
+                         "(use backend: vllm for concurrent requests)")
+    for key in ("num_speculative_tokens", "max_new_tokens"):
+        if int(cfg[key]) < 1:
+            raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
+
+
+def stop_token_ids(tokenizer, model) -> set[int]:
+    """The tokenizer's eos token, plus any the target's generation config adds (chat models often end turns there)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
+    if not ids:
+        raise ValueError("the target's tokenizer has no eos token; generation would only stop at max_new_tokens")
+    return ids
+
+
+def draft_aux_layer_ids(draft, num_layers: int) -> list[int]:
+    configured = draft.config.eagle_aux_hidden_state_layer_ids
+    if not configured:
+        log.warning("the draft config has no eagle_aux_hidden_state_layer_ids; using vLLM's default layers")
+    return resolve_aux_layer_ids(configured, num_layers)
+
+
+def untrained_like(trained, target: str, aux_layer_ids: list[int], k: int, seed: int, trust_remote_code: bool):
+    """A freshly initialised draft with the trained draft's layers, auxiliary layers and vocabulary map."""
+    return build_draft(
+        target,
+        trained.d2t.detach().cpu(),
+        trained.t2d.detach().cpu(),
+        draft_layers=trained.config.transformer_layer_config.num_hidden_layers,
+        aux_layer_ids=aux_layer_ids,
+        num_speculative_tokens=k,
+        seed=seed,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def run_offline_benchmark(target: str, draft_dir: str, prompts: list[dict], cfg: dict, out_per_prompt, out_summary,
+                          variant: str, trust_remote_code: bool = False, revision: str | None = None) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    check_settings(cfg)
+    k, max_new_tokens = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"])
+    device = resolve_device(cfg.get("device", "auto"))
+    dtype = resolve_dtype(cfg.get("dtype", "auto"), device)
+    seed = int(cfg.get("seed", 0))
+    torch.manual_seed(seed)
+
+    tokenizer = load_tokenizer(target, trust_remote_code, revision)
+    log.info("loading target %s (%s, %s)", target, device, dtype)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                 revision=revision, attn_implementation="sdpa").to(device).eval()
+    log.info("loading draft %s", draft_dir)
+    trained = load_draft(draft_dir, device, dtype)
+    aux_layer_ids = draft_aux_layer_ids(trained, text_config(model.config).num_hidden_layers)
+    untrained = untrained_like(trained, target, aux_layer_ids, k, seed, trust_remote_code)
+    untrained = untrained.to(device=device, dtype=dtype).eval()
+    runner = TargetModel(model, aux_layer_ids)
+    stop_ids = stop_token_ids(tokenizer, model)
+    ngram = int(cfg.get("prompt_lookup_ngram", 3))
+
+    decoders = {
+        "target_greedy": lambda ids: greedy_decode(runner, ids, max_new_tokens, stop_ids),
+        "prompt_lookup": lambda ids: speculative_decode(runner, PromptLookupProposer(ngram, device), ids, k,
+                                                        max_new_tokens, stop_ids),
+        "untrained_draft": lambda ids: speculative_decode(runner, Eagle3Proposer(untrained), ids, k, max_new_tokens,
+                                                          stop_ids),
+        "eagle3_draft": lambda ids: speculative_decode(runner, Eagle3Proposer(trained), ids, k, max_new_tokens,
+                                                       stop_ids),
+    }
+    prompt_ids = [tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
+                  for p in prompts]
+
+    log.info("warm-up: every method once on prompt %s", prompts[0]["prompt_id"])
+    for decode in decoders.values():
+        decode(prompt_ids[0])
+
+    rows, outputs = [], {m: {} for m in METHODS}
+    # Methods alternate within each prompt so that drifting clocks or thermals hit all of them alike.
+    for prompt, ids in tqdm(list(zip(prompts, prompt_ids)), desc=f"benchmark {variant}", unit="prompt",
+                            mininterval=5):
+        for method in METHODS:
+            trace = decoders[method](ids)
+            outputs[method][prompt["prompt_id"]] = trace.tokens
+            rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": prompt["prompt_id"],
+                         "prompt_tokens": len(ids), **trace.counts(k)})
+        log.info("prompt %s: %d prompt tokens, %d new tokens", prompt["prompt_id"], len(ids),
+                 len(outputs[BASELINE][prompt["prompt_id"]]))
+
+    # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
+    # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
+    lossless, mismatched = {}, {}
+    for method in METHODS[1:]:
+        mismatched[method] = [pid for pid, tokens in outputs[method].items() if tokens != outputs[BASELINE][pid]]
+        lossless[method] = not mismatched[method]
+        if mismatched[method]:
+            log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding on %d of %d prompts (%s): %s",
+                      method, len(mismatched[method]), len(prompts), dtype, mismatched[method][:10])
+    meta = {
+        "variant": variant,
+        "backend": "offline",
+        "device": device_description(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "max_new_tokens": max_new_tokens,
+        "num_prompts": len(prompts),
+        "prompt_lookup_ngram": ngram,
+        "aux_layer_ids": aux_layer_ids,
+        "lossless": lossless,
+        "mismatched_prompts": mismatched,
+        "versions": package_versions(),
+    }
+    summary = write_results(rows, k, out_per_prompt, out_summary, meta)
+    for method, stats in summary["methods"].items():
+        log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx", method, stats["acceptance_length"],
+                 stats["tokens_per_s"], stats["speedup"])
+    return summary

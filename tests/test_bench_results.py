@@ -1,0 +1,74 @@
+"""Benchmark metric arithmetic on hand-made decoding traces, through draftsmith.bench_results."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from draftsmith.bench_results import write_results
+from draftsmith.spec_decode import Trace, cut_output
+
+K = 3
+
+
+def row(method: str, prompt_id: str, trace: Trace) -> dict:
+    return {"variant": "v", "backend": "offline", "method": method, "prompt_id": prompt_id, "prompt_tokens": 7,
+            **trace.counts(K)}
+
+
+def traces() -> list[dict]:
+    # prompt a: greedy makes 10 tokens in 10 forwards (1 s). Speculative: the prefill makes 1 token, then
+    # five rounds accept 3, 1, 0, 0 (nothing proposed) and 0 drafts, each plus the target's own token:
+    # 1 + 4 + 2 + 1 + 1 + 1 = 10 tokens in 6 forwards (0.5 s).
+    greedy_a = Trace(tokens=list(range(10)), target_forwards=10, seconds=1.0)
+    spec_a = Trace(tokens=list(range(10)), target_forwards=6, proposed=[3, 3, 3, 0, 3], accepted=[3, 1, 0, 0, 0],
+                   seconds=0.5)
+    # prompt b: greedy 4 tokens in 4 forwards (2 s); speculative: 1 + (2 + 1) = 4 tokens in 2 forwards (1 s)
+    greedy_b = Trace(tokens=[1, 2, 3, 4], target_forwards=4, seconds=2.0)
+    spec_b = Trace(tokens=[1, 2, 3, 4], target_forwards=2, proposed=[3], accepted=[2], seconds=1.0)
+    return [row("target_greedy", "a", greedy_a), row("eagle3_draft", "a", spec_a),
+            row("target_greedy", "b", greedy_b), row("eagle3_draft", "b", spec_b)]
+
+
+def test_trace_counts_follow_the_row_definitions():
+    spec_a = traces()[1]
+    assert spec_a["drafts"] == 4  # the round without a proposal is not a draft
+    assert spec_a["draft_tokens"] == 12 and spec_a["accepted_tokens"] == 4
+    assert [spec_a[f"accept_pos_{i}"] for i in (1, 2, 3)] == [2, 1, 1]
+    assert traces()[0]["drafts"] == traces()[0]["accept_pos_1"] == 0
+    with pytest.raises(ValueError, match="accepted more"):
+        Trace(tokens=[1], target_forwards=2, proposed=[1], accepted=[2]).counts(K)
+    with pytest.raises(ValueError, match="more than k=3"):
+        Trace(tokens=[1], target_forwards=2, proposed=[4], accepted=[0]).counts(K)
+
+
+def test_per_prompt_and_summary_arithmetic(tmp_path):
+    meta = {"variant": "v", "backend": "offline", "lossless": {"eagle3_draft": True}}
+    summary = write_results(traces(), K, tmp_path / "per_prompt.csv", tmp_path / "summary.json", meta)
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    df = pd.read_csv(tmp_path / "per_prompt.csv").set_index(["method", "prompt_id"])
+    assert df.loc[("eagle3_draft", "a"), "acceptance_length"] == pytest.approx(10 / 6)
+    assert df.loc[("eagle3_draft", "a"), "tokens_per_s"] == pytest.approx(20.0)
+    assert df.loc[("eagle3_draft", "a"), "speedup"] == pytest.approx(2.0)  # 20 vs 10 tokens/s
+    assert df.loc[("eagle3_draft", "b"), "acceptance_length"] == pytest.approx(2.0)
+    assert df.loc[("eagle3_draft", "b"), "speedup"] == pytest.approx(2.0)  # 4 vs 2 tokens/s
+    assert df.loc[("target_greedy", "b"), "acceptance_length"] == 1.0
+
+    spec = summary["methods"]["eagle3_draft"]
+    assert spec["acceptance_length"] == pytest.approx(14 / 8)  # ratio of sums, not mean of per-prompt ratios
+    # 5 drafts: position 1 accepted in 3 (a: 2, b: 1), position 2 in 2 (a: 1, b: 1), position 3 in 1 (a)
+    assert spec["per_position_acceptance"] == pytest.approx([3 / 5, 2 / 5, 1 / 5])
+    assert spec["tokens_per_s"] == pytest.approx(14 / 1.5)
+    assert spec["speedup"] == pytest.approx((14 / 1.5) / (14 / 3.0))
+    greedy = summary["methods"]["target_greedy"]
+    assert greedy["per_position_acceptance"] == [None, None, None] and greedy["speedup"] == pytest.approx(1.0)
+    assert summary["lossless"] == {"eagle3_draft": True} and summary["num_speculative_tokens"] == K
+
+
+def test_the_stopping_rule_keeps_the_stop_token_and_caps_the_length():
+    assert cut_output([5, 6, 2, 7, 2], 10, {2}) == [5, 6, 2]
+    assert cut_output([5, 6, 7, 8], 3, {2}) == [5, 6, 7]
+    assert cut_output([5, 6, 7, 2], 3, {2}) == [5, 6, 7]  # the cap comes first
+    assert cut_output([], 3, {2}) == []

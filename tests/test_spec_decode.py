@@ -1,0 +1,205 @@
+"""Speculative decoding must reproduce target-only greedy decoding exactly, for every proposer.
+
+Runs on a tiny embedded target built here (hidden 64, 6 layers, briefly pretrained on the
+synthetic corpus) with real speculators EAGLE-3 drafts: an untrained one and one trained
+briefly below on the target's own hidden states.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from draftsmith.draft_model import build_draft
+from draftsmith.embedded_target import build_embedded_target
+from draftsmith.io import write_jsonl
+from draftsmith.prompts import load_prompts
+from draftsmith.spec_decode import (
+    Eagle3Proposer,
+    PromptLookupProposer,
+    TargetModel,
+    draft_layers_forward,
+    greedy_decode,
+    prompt_lookup_candidates,
+    speculative_decode,
+    use_sdpa,
+)
+from draftsmith.synthetic import generate_corpus
+from draftsmith.vocab import build_vocab_map
+
+AUX = [1, 3, 4]
+MAX_NEW = 24
+TARGET_CFG = {
+    "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128, "num_layers": 6, "num_heads": 4,
+    "num_kv_heads": 2, "max_position_embeddings": 512, "pretrain_steps": 100, "pretrain_lr": 0.003,
+    "pretrain_batch_size": 8, "pretrain_seq_len": 96,  # enough steps for varied answers, not one repeated token
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared 2-core machine
+    root = tmp_path_factory.mktemp("spec_decode")
+    train, heldout = generate_corpus(200, 5, seed=0)
+    target_dir = root / "target"
+    target_dir.mkdir()
+    build_embedded_target([r["messages"] for r in train], TARGET_CFG, seed=0, out_dir=target_dir)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    sequences = [tokenizer.apply_chat_template(r["messages"], tokenize=True) for r in train]
+    freq = Counter(t for ids in sequences for t in ids)
+    d2t, t2d = build_vocab_map(dict(freq), 192, len(tokenizer))
+    write_jsonl(root / "heldout.jsonl", heldout)
+    prompts = [tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
+               for p in load_prompts(root / "heldout.jsonl", 5)]
+    model = AutoModelForCausalLM.from_pretrained(target_dir, attn_implementation="sdpa").eval()
+    target = TargetModel(model, AUX)
+    assert target._own_mask  # verification steps take the cheaper causal-mask path; the tests cover it
+    untrained = build_draft(str(target_dir), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=0).eval()
+    trained = build_draft(str(target_dir), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=1)
+    train_step0(trained, target, sequences[:48], steps=80)
+    stop = {tokenizer.eos_token_id}
+    return {
+        "root": root, "target_dir": target_dir, "tokenizer": tokenizer, "target": target, "prompts": prompts,
+        "stop": stop, "untrained": untrained, "trained": trained,
+        "greedy": [greedy_decode(target, ids, MAX_NEW, stop) for ids in prompts],
+    }
+
+
+def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: int) -> None:
+    """Teacher-forced training of the draft's first step: from (x[t+1], aux states at t) predict the
+    target's greedy token after x[t+1]. Enough for a draft whose proposals are often accepted."""
+    use_sdpa(draft)
+    draft_index = torch.cumsum(draft.t2d.long(), 0) - 1  # target id -> draft id where t2d is set
+    data = []
+    for ids in sequences:
+        with torch.inference_mode():
+            logits, aux = target.forward(torch.tensor([ids]), DynamicCache(), keep=len(ids), with_aux=True)
+        labels = logits.argmax(-1)[1:]
+        labels = torch.where(draft.t2d[labels], draft_index[labels], -100)
+        data.append((torch.tensor([ids[1:]]), aux[:, :-1].clone(), labels.clone()))
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    draft.train()
+    for step in range(steps):
+        tokens, aux, labels = data[step % len(data)]
+        hidden = draft_layers_forward(draft, tokens, draft.fc(aux), first_position=1, cache=None)
+        loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(hidden))[0], labels, ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    draft.eval()
+
+
+def test_prompt_lookup_prefers_the_longest_ngram_and_its_earliest_match():
+    context = [1, 2, 3, 9, 2, 3, 7, 8, 5, 1, 2, 3]
+    # the 3-gram [1, 2, 3] occurs at 0: its continuation is proposed, not that of the 2-gram [2, 3] at 4
+    assert prompt_lookup_candidates(context, 3, max_ngram=3) == [9, 2, 3]
+    assert prompt_lookup_candidates(context, 2, max_ngram=2) == [9, 2]  # [2, 3] first occurs at 1
+    assert prompt_lookup_candidates([4, 5, 6, 5], 3, max_ngram=3) == [6, 5]  # only 1-gram [5] recurs
+    assert prompt_lookup_candidates([4, 5, 6, 7], 3, max_ngram=3) == []
+    assert prompt_lookup_candidates([4], 3, max_ngram=3) == []
+
+
+def test_draft_chain_matches_speculators_training_forward(tiny):
+    """Our cached chain (step 0 over the context, then k-1 chain steps) predicts what speculators'
+    Eagle3DraftModel.forward (the TTT loop it trains) predicts at the same position and step."""
+    tokenizer = tiny["tokenizer"]
+    d2t, t2d = tiny["untrained"].d2t, tiny["untrained"].t2d
+    draft = build_draft(str(tiny["target_dir"]), d2t, t2d, 1, AUX, seed=3).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # spread the lm_head so that argmaxes differ between positions and steps
+        draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight))
+    seq = 128  # FlexAttention's block size
+    aux = torch.randn(1, seq, 3 * draft.hidden_size)
+    input_ids = torch.randint(0, len(tokenizer), (1, seq))
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        reference = draft(hidden_states=aux, input_ids=input_ids, ttt_steps=3)  # draft vocabulary ids
+    assert len({tuple(r[0].tolist()) for r in reference}) == 3  # the steps really differ
+    proposer = Eagle3Proposer(draft)
+    for t in [0, 1, 7, 64, 127]:
+        with torch.inference_mode():
+            proposer.start(input_ids[0, : t + 1], aux[:, : t + 1])
+            chain = proposer.propose([], 3).tolist()
+        expected = [int(r[0, t] + d2t[r[0, t]]) for r in reference]
+        assert chain == expected, f"position {t}"
+
+
+def _check_trace(trace, greedy, k):
+    assert trace.tokens == greedy.tokens
+    assert trace.target_forwards == 1 + len(trace.proposed) <= greedy.target_forwards
+    assert all(0 <= a <= p <= k for a, p in zip(trace.accepted, trace.proposed))
+    # every round emits its accepted drafts plus one target token; the stopping rule may cut the last round
+    emitted = 1 + sum(a + 1 for a in trace.accepted)
+    assert len(trace.tokens) <= emitted < len(trace.tokens) + k + 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("method", ["prompt_lookup", "untrained_draft", "trained_draft"])
+def test_speculative_decoding_is_lossless(tiny, method, k):
+    target, stop = tiny["target"], tiny["stop"]
+    proposers = {
+        "prompt_lookup": lambda: PromptLookupProposer(3, target.device),
+        "untrained_draft": lambda: Eagle3Proposer(tiny["untrained"]),
+        "trained_draft": lambda: Eagle3Proposer(tiny["trained"]),
+    }
+    for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
+        assert greedy.target_forwards == len(greedy.tokens) and greedy.proposed == []
+        trace = speculative_decode(target, proposers[method](), ids, k, MAX_NEW, stop)
+        _check_trace(trace, greedy, k)
+
+
+def test_training_buys_acceptance(tiny):
+    target, stop = tiny["target"], tiny["stop"]
+    accepted = {}
+    for name in ("untrained", "trained"):
+        traces = [speculative_decode(target, Eagle3Proposer(tiny[name]), ids, 3, MAX_NEW, stop)
+                  for ids in tiny["prompts"]]
+        accepted[name] = sum(sum(t.accepted) for t in traces) / sum(len(t.proposed) for t in traces)
+    assert accepted["trained"] > max(0.5, 2 * accepted["untrained"]), accepted
+
+
+def test_generation_stops_at_eos_and_at_max_new_tokens(tiny):
+    target, tokenizer = tiny["target"], tiny["tokenizer"]
+    ids = tiny["prompts"][0]
+    long = greedy_decode(target, ids, MAX_NEW, stop_ids=set())
+    assert len(long.tokens) == MAX_NEW
+    stop = {long.tokens[5]}  # pretend the sixth token ends the answer
+    first = next(i for i, t in enumerate(long.tokens) if t in stop)
+    for trace in (greedy_decode(target, ids, MAX_NEW, stop),
+                  speculative_decode(target, PromptLookupProposer(3, target.device), ids, 3, MAX_NEW, stop),
+                  speculative_decode(target, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)):
+        assert trace.tokens == long.tokens[: first + 1]
+    assert tokenizer.eos_token_id in tiny["stop"]
+
+
+def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
+    from draftsmith.draft_model import load_draft  # noqa: F401  (the loader the benchmark uses)
+    from draftsmith.offline_benchmark import run_offline_benchmark
+
+    draft_dir = tiny["root"] / "draft"
+    tiny["trained"].save_pretrained(draft_dir)
+    cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
+           "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
+           "dtype": "float32", "seed": 0}
+    prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
+    out = tiny["root"] / "bench"
+    summary = run_offline_benchmark(str(tiny["target_dir"]), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
+                                    out / "summary.json", "default")
+    assert summary == json.loads((out / "summary.json").read_text())
+    assert summary["lossless"] == {"prompt_lookup": True, "untrained_draft": True, "eagle3_draft": True}
+    assert summary["mismatched_prompts"] == {"prompt_lookup": [], "untrained_draft": [], "eagle3_draft": []}
+    assert set(summary["methods"]) == {"target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"}
+    assert summary["methods"]["target_greedy"]["acceptance_length"] == 1.0
+    methods = summary["methods"]
+    assert methods["eagle3_draft"]["acceptance_length"] > methods["untrained_draft"]["acceptance_length"]
+    import pandas as pd
+
+    rows = pd.read_csv(out / "per_prompt.csv")
+    assert len(rows) == 3 * 4 and list(rows.columns[-2:]) == ["accept_pos_1", "accept_pos_2"]
+    with pytest.raises(ValueError, match="batch_size"):
+        run_offline_benchmark(str(tiny["target_dir"]), str(draft_dir), prompts, {**cfg, "batch_size": 4},
+                              out / "x.csv", out / "x.json", "default")
