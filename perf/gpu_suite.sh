@@ -17,7 +17,7 @@ python3 -c "import torch, transformers, speculators; print('torch', torch.__vers
 case "${1:-pipeline}" in
 pipeline)
   start=$(date +%s)
-  python3 -m snakemake --cores 16 --configfile config/gpu.yaml --resources gpu=1 2>&1 | tail -n 40 || status=$?
+  timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 2>&1 | tail -n 40 || status=$?
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
     results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
