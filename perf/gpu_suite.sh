@@ -12,7 +12,7 @@ if [ ! -d /tmp/site/snakemake ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-python3 -c "import torch, transformers, speculators; print('torch', torch.__version__, 'transformers', transformers.__version__, 'speculators', speculators.__version__)" | tee -a "$OUT/device.txt"
+python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('torch', 'transformers', 'speculators', 'snakemake')})" | tee -a "$OUT/device.txt"
 
 case "${1:-pipeline}" in
 pipeline)
