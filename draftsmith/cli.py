@@ -53,17 +53,6 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def cmd_preflight(args) -> int:
-    import yaml
-
-    from draftsmith.preflight import main as preflight_main
-
-    config = {}
-    for path in args.configfile:
-        config.update(yaml.safe_load(Path(path).read_text()))
-    return preflight_main(config, args.target)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftsmith",
@@ -71,10 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "these commands check and inspect its inputs and outputs.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("preflight", help="check the installed stack, target and disk before any weights load")
-    p.add_argument("--configfile", nargs="+", default=["config/config.yaml"], help="workflow config file(s), later ones override")
-    p.add_argument("--target", default=None, help="target model path (default: from the config; results/target when embedded)")
-    p.set_defaults(func=cmd_preflight)
+    p = sub.add_parser("preflight", add_help=False,
+                       help="check the installed stack, target, layers, GPUs and disk in seconds, before any weights load "
+                       "(`draftsmith preflight --help` for its options)")
     p = sub.add_parser("validate", help="check a whole results tree: samples, shard checksums and tensors, vocab map, drafts")
     p.add_argument("results", nargs="?", default="results", help="results directory (default: results)")
     p.add_argument("--json", help="also write the findings to this JSON file")
@@ -86,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["preflight"]:  # its own options, parsed by draftsmith.preflight
+        from draftsmith.preflight import main as preflight_main
+
+        return preflight_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -36,7 +36,7 @@ def extract(samples_path, shard: int, shard_dir: Path, target: str, revision, tr
         from draftsmith.vllm_extraction import extract_shard_vllm
 
         manifest = extract_shard_vllm(samples, sha256_file(samples_path), shard, cfg, shard_dir, target, aux,
-                                      model_info, trust_remote_code)
+                                      model_info, trust_remote_code, revision=revision)
     else:
         raise ValueError(f"unknown extraction backend {backend!r}")
     validate_shard(shard_dir, samples, deep=True)

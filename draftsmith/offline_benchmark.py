@@ -145,11 +145,10 @@ def run_offline_benchmark(target: str, draft_dir: str, prompts: list[dict], cfg:
         "num_prompts": len(prompts),
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
-        "lossless": lossless,
-        "mismatched_prompts": mismatched,
         "versions": package_versions(),
     }
-    summary = write_results(rows, k, out_per_prompt, out_summary, meta)
+    extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m]} for m in lossless}
+    summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras)
     for method, stats in summary["methods"].items():
         log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx", method, stats["acceptance_length"],
                  stats["tokens_per_s"], stats["speedup"])

@@ -13,7 +13,7 @@ rule benchmark:
         target=target_param,
         trust_remote_code=config["target"].get("trust_remote_code", False),
         revision=config["target"].get("revision"),
-        benchmark=config["benchmark"],
+        benchmark=canonical(config["benchmark"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
     log:
         "logs/benchmark/{variant}.log",
@@ -21,9 +21,9 @@ rule benchmark:
         "benchmarks/benchmark/{variant}.tsv"
     threads: workflow.cores
     resources:
-        gpu=extraction_gpus(),
+        gpu=benchmark_gpus(),
         mem_mb=16000,
     conda:
-        "../envs/core.yaml"
+        "../envs/vllm.yaml" if config["benchmark"].get("backend") == "vllm" else "../envs/core.yaml"
     script:
         "../scripts/benchmark.py"

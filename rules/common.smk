@@ -25,6 +25,16 @@ wildcard_constraints:
     shard=r"\d+",
 
 
+def canonical(value):
+    """Params with dict keys in sorted order: Snakemake compares params by their repr, so the key
+    order of a YAML file must not make a step look changed."""
+    if isinstance(value, dict):
+        return {k: canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
 def target_path():
     return str(R / "target") if EMBEDDED else config["target"]["model"]
 
@@ -43,7 +53,7 @@ def dataset_spec(dataset):
     spec = dict(config["datasets"][dataset])
     if spec["source"] == "synthetic":
         spec["path"] = str(R / "data" / "synthetic" / "train.jsonl")
-    return spec
+    return canonical(spec)
 
 
 def dataset_input(wildcards):
@@ -69,7 +79,7 @@ def all_shard_manifests(wildcards=None):
 
 
 def variant_training(variant):
-    return {**config["training"], **config["variants"][variant]}
+    return canonical({**config["training"], **config["variants"][variant]})
 
 
 def benchmark_prompts_input():
@@ -89,6 +99,16 @@ def extraction_gpus():
     if device.startswith("cuda"):
         return 1
     return 1 if shutil.which("nvidia-smi") else 0
+
+
+def benchmark_gpus():
+    bench = config["benchmark"]
+    if bench.get("backend") == "vllm":
+        return bench.get("tensor_parallel_size", 1)
+    device = bench.get("device", "auto")
+    if device == "cpu":
+        return 0
+    return 1 if device.startswith("cuda") or shutil.which("nvidia-smi") else 0
 
 
 def training_gpus(variant):

@@ -3,7 +3,7 @@ rule make_synthetic_corpus:
         train=R / "data" / "synthetic" / "train.jsonl",
         heldout=R / "data" / "synthetic" / "heldout.jsonl",
     params:
-        synthetic=config.get("synthetic", {}),
+        synthetic=canonical(config.get("synthetic", {})),
     log:
         "logs/make_synthetic_corpus.log",
     benchmark:
@@ -23,7 +23,7 @@ rule build_target:
     output:
         directory(R / "target"),
     params:
-        embedded_target=config.get("embedded_target", {}),
+        embedded_target=canonical(config.get("embedded_target", {})),
     log:
         "logs/build_target.log",
     benchmark:

@@ -2,13 +2,14 @@ rule extract_hidden_states:
     input:
         samples=R / "prepared" / "{dataset}" / "samples.parquet",
         target=target_input(),
+        preflight=ancient(R / "preflight.json"),
     output:
         manifest=R / "shards" / "{dataset}" / "shard_{shard}" / "manifest.json",
     params:
         target=target_param,
         revision=config["target"].get("revision"),
         trust_remote_code=config["target"].get("trust_remote_code", False),
-        extraction=config["extraction"],
+        extraction=canonical(config["extraction"]),
         seq_length=config["seq_length"],
     log:
         "logs/extract_hidden_states/{dataset}/shard_{shard}.log",
@@ -19,6 +20,6 @@ rule extract_hidden_states:
         gpu=extraction_gpus(),
         mem_mb=16000,
     conda:
-        "../envs/core.yaml"
+        "../envs/vllm.yaml" if config["extraction"]["backend"] == "vllm" else "../envs/core.yaml"
     script:
         "../scripts/extract_hidden_states.py"

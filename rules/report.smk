@@ -16,7 +16,7 @@ rule report:
             category="Figures",
         ),
     params:
-        config=config,
+        config=canonical(config),
     log:
         "logs/report.log",
     benchmark:

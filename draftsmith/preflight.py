@@ -1,0 +1,347 @@
+"""Preflight: check the installed stack, the target and the machine in seconds, before any weights load.
+
+Each check gives one line: `ok`, `warn` (worth knowing, not fatal) or `FAIL` (a problem that would
+stop the pipeline later, typically after an expensive model load). It reads the target's
+config.json only; vLLM and transformers are read as source (see vllm_compat), not imported.
+
+    python -m draftsmith.preflight --config config/config.yaml       # or: snakemake preflight
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from draftsmith import vllm_compat as compat
+
+# The production stack (envs/vllm.lock.txt). vllm and its torch are checked only where a vllm backend is configured.
+PINS = {
+    "speculators": "==0.3.0",
+    "transformers": ">=4.56,<5",
+    "datasets": ">=4,<5",
+    "snakemake": ">=9,<10",
+    "vllm": "==0.16.0",
+    "torch": "==2.9.1",
+}
+VLLM_ONLY = {"vllm", "torch"}
+# speculators 0.3.0 fails to import on transformers 5; datasets 5 needs a huggingface_hub that transformers 4.57 rejects
+HARD_PINS = {"transformers", "datasets", "speculators"}
+STATES_PER_TOKEN = 4  # three auxiliary layers and the last layer
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    message: str
+
+    def line(self) -> str:
+        return f"[{'FAIL' if self.status == 'fail' else self.status:>4}] {self.name}: {self.message}"
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    fixes: list[dict] = field(default_factory=list)
+
+    def add(self, name: str, status: str, message: str) -> None:
+        self.checks.append(Check(name, status, message))
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{c.name}: {c.message}" for c in self.checks if c.status == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        return [c.line() for c in self.checks]
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "problems": self.problems, "checks": [asdict(c) for c in self.checks], "fixes": self.fixes}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def read_target_config(target: str, revision: str | None = None) -> dict:
+    """The target's config.json as a dict: from a local directory, or only that file from the hub."""
+    path = Path(target) / "config.json"
+    if not Path(target).is_dir():
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(target, "config.json", revision=revision))
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    return json.loads(path.read_text())
+
+
+def text_part(config: dict) -> dict:
+    """The language model's part of a (possibly multimodal) config.json."""
+    return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use, from nvidia-smi (no CUDA initialisation), narrowed by CUDA_VISIBLE_DEVICES."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([d for d in visible.split(",") if d.strip() not in ("", "-1")]))
+    return count
+
+
+def transformers_causal_lm_types() -> set[str]:
+    """Model types transformers' AutoModelForCausalLM knows, read from its source."""
+    tree = compat.parse_module("transformers.models.auto.modeling_auto")
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" for t in node.targets):
+            pairs = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
+            return {ast.literal_eval(e)[0] for e in pairs.elts}
+    return set()
+
+
+def free_bytes(path: Path) -> int:
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_versions(report: Report, uses_vllm: bool) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    for package, pin in PINS.items():
+        if package in VLLM_ONLY and not uses_vllm:
+            continue
+        version = installed_version(package)
+        name = f"version {package}"
+        if version is None:
+            report.add(name, "fail", f"not installed (pinned {pin})")
+        elif version.split("+")[0] in SpecifierSet(pin):
+            report.add(name, "ok", f"{version} (pinned {pin})")
+        elif package in HARD_PINS or package == "torch":
+            why = "vLLM 0.16.0's compiled kernels are built against torch 2.9.1" if package == "torch" else "the pipeline breaks outside it"
+            report.add(name, "fail", f"{version} is installed; pinned {pin}: {why}")
+        else:
+            report.add(name, "warn", f"{version} is installed; pinned {pin} (the compatibility fixes are probed against the installed code)")
+
+
+def check_fixes_and_call_sites(report: Report, disabled_fixes) -> None:
+    with compat.disabled(*disabled_fixes):
+        report.fixes = compat.fix_report()
+        sites = compat.check_call_sites()
+    failing_sites = {site.name for site, problems in sites if problems}
+    for fix in compat.FIXES:
+        entry = next(f for f in report.fixes if f["name"] == fix.name)
+        if entry["applied"]:
+            report.add(f"fix {fix.name}", "ok", f"applied ({entry['evidence']})")
+        elif not entry["needed"]:
+            report.add(f"fix {fix.name}", "ok", f"not needed ({entry['evidence']})")
+        elif fix.call_site in failing_sites:
+            continue  # the call-site line below says it
+        else:
+            report.add(f"fix {fix.name}", "fail", f"disabled, and the installed code needs it: {fix.problem} ({entry['evidence']})")
+    for site, problems in sites:
+        if problems:
+            off = [f.name for f in compat.FIXES if f.call_site == site.name and f.name in disabled_fixes]
+            report.add(f"call {site.name}", "fail", "; ".join(problems) + (f" (fix {off[0]} is off)" if off else ""))
+    if not failing_sites:
+        report.add("call sites", "ok", f"all {len(sites)} vLLM calls of the extraction backend match the installed signatures")
+    missing = compat.check_worker_attributes()
+    report.add("worker attributes", "fail" if missing else "ok",
+               "; ".join(missing) if missing else "the model-runner attributes the capture reads exist in the installed vLLM")
+
+
+def check_target(report: Report, config: dict, target: str) -> dict | None:
+    tcfg = config["target"]
+    try:
+        raw = read_target_config(target, tcfg.get("revision"))
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
+        report.add("target config", "fail", f"cannot read config.json of {target}: {type(e).__name__}: {e}")
+        return None
+    text = text_part(raw)
+    arch = (raw.get("architectures") or ["?"])[0]
+    needs_code = "auto_map" in raw
+    if needs_code and not tcfg.get("trust_remote_code", False):
+        report.add("target trust_remote_code", "fail",
+                   f"{target}'s config.json has auto_map (code shipped with the model); set target.trust_remote_code: true "
+                   "if you trust that repository")
+    if config["extraction"]["backend"] == "vllm" or config["benchmark"].get("backend") == "vllm":
+        known = set(compat.registry_archs("_TEXT_GENERATION_MODELS")) | set(compat.registry_archs("_MULTIMODAL_MODELS"))
+        if not known:
+            report.add("target architecture (vllm)", "fail", "cannot read vLLM's model registry: is vllm installed?")
+        elif arch in known:
+            report.add("target architecture (vllm)", "ok", f"{arch} is in vLLM's model registry")
+        else:
+            report.add("target architecture (vllm)", "warn",
+                       f"{arch} is not in vLLM's model registry; vLLM falls back to its Transformers backend")
+    if config["extraction"]["backend"] == "hf" or config["benchmark"].get("backend", "offline") == "offline":
+        if text.get("model_type") in transformers_causal_lm_types() or needs_code:
+            report.add("target architecture (hf)", "ok", f"model type {text.get('model_type')!r} loads with transformers")
+        else:
+            report.add("target architecture (hf)", "fail",
+                       f"model type {text.get('model_type')!r} ({arch}) is not a causal LM transformers {installed_version('transformers')} knows")
+    return text
+
+
+def check_layers_and_vocab(report: Report, config: dict, text: dict) -> None:
+    from draftsmith.layers import resolve_aux_layer_ids
+
+    layers = text.get("num_hidden_layers")
+    try:
+        aux = resolve_aux_layer_ids(config["extraction"].get("aux_layer_ids"), layers)
+        report.add("layer ids", "ok" if len(set(aux)) == len(aux) else "warn",
+                   f"auxiliary layers {aux} of {layers} decoder layers" + ("" if len(set(aux)) == len(aux) else
+                                                                          " (a layer repeats; set extraction.aux_layer_ids)"))
+        uses_vllm_states = config["extraction"]["backend"] == "vllm" or config["benchmark"].get("backend") == "vllm"
+        if 0 in aux and uses_vllm_states:
+            report.add("layer ids (vllm)", "fail", "vLLM forms the state entering layer i as hidden_states + residual, "
+                       "and there is no residual before layer 0: choose auxiliary layers >= 1")
+    except (ValueError, TypeError) as e:
+        report.add("layer ids", "fail", str(e))
+    draft, target_vocab = config["vocab"]["draft_vocab_size"], text.get("vocab_size")
+    if target_vocab is None:
+        report.add("draft vocab", "warn", "the target config has no vocab_size")
+    elif draft > target_vocab:
+        report.add("draft vocab", "fail", f"vocab.draft_vocab_size={draft} exceeds the target's vocabulary of {target_vocab}")
+    else:
+        report.add("draft vocab", "ok", f"{draft} of the target's {target_vocab} tokens")
+
+
+def check_eagle3_serving(report: Report, config: dict, text: dict) -> None:
+    supported = compat.eagle3_target_model_types()
+    model_type = text.get("model_type", "?")
+    backend = config["benchmark"].get("backend", "offline")
+    version = installed_version("vllm")
+    if supported is None:  # no vLLM here: what the pinned vLLM accepts
+        supported, version = compat.EAGLE3_TARGETS_VLLM_0_16, "0.16.0 (not installed here)"
+    if any(s in model_type for s in supported):
+        report.add("eagle3 serving", "ok", f"vLLM {version} serves an EAGLE-3 draft for model type {model_type!r}")
+        return
+    message = (f"vLLM {version} accepts eagle3 only for target model types {supported} and refuses {model_type!r} "
+               "(as it refuses DeepSeek-V3-family targets such as Kimi-K2.5): the vllm benchmark needs a newer vLLM "
+               "for this target; the offline benchmark still works")
+    report.add("eagle3 serving", "fail" if backend == "vllm" else "warn", message)
+
+
+def check_gpus(report: Report, config: dict, gpus: int) -> None:
+    ext, bench = config["extraction"], config["benchmark"]
+    if ext["backend"] == "vllm":
+        tp = ext.get("tensor_parallel_size", 1)
+        report.add("gpus (extraction)", "ok" if gpus >= tp else "fail",
+                   f"{gpus} visible GPU(s) for tensor_parallel_size={tp}")
+    else:
+        device = ext.get("device", "auto")
+        if device.startswith("cuda") and gpus == 0:
+            report.add("gpus (extraction)", "fail", f"extraction.device={device!r} but no CUDA GPU is visible")
+        else:
+            report.add("gpus (extraction)", "ok", f"{gpus} visible GPU(s); extraction.device={device!r}"
+                       + (" runs on the CPU" if gpus == 0 else ""))
+    if bench.get("backend") == "vllm" and gpus == 0:
+        report.add("gpus (benchmark)", "fail", "benchmark.backend=vllm needs a GPU for vllm serve; none is visible")
+    elif bench.get("backend", "offline") == "offline" and str(bench.get("device", "auto")).startswith("cuda") and gpus == 0:
+        report.add("gpus (benchmark)", "fail", f"benchmark.device={bench['device']!r} but no CUDA GPU is visible")
+
+
+def check_disk(report: Report, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
+    if tokens is None:
+        report.add("disk", "warn", "token count unknown until the datasets are prepared; shard size not predicted")
+        return
+    ext = config["extraction"]
+    dtype = ext.get("dtype", "auto")
+    on_gpu = ext["backend"] == "vllm" or gpus > 0
+    element = 4 if dtype == "float32" or (dtype == "auto" and not on_gpu) else 2
+    hidden = text.get("hidden_size", 0)
+    predicted = tokens * (STATES_PER_TOKEN * hidden * element + 16)  # + input_ids and loss_mask (int64)
+    where = Path(config.get("results", "results")) / "shards"
+    free = free_bytes(where)
+    report.add("disk", "ok" if predicted < free else "fail",
+               f"shards need about {human(predicted)} ({tokens} tokens x {STATES_PER_TOKEN} layers x {hidden} hidden x "
+               f"{element} bytes); {human(free)} free at {where}")
+
+
+def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int | None = None,
+                  gpus: int | None = None) -> Report:
+    """All checks for `config` (the workflow config) and the target at `target_path`."""
+    report = Report()
+    uses_vllm = config["extraction"]["backend"] == "vllm" or config["benchmark"].get("backend") == "vllm"
+    check_versions(report, uses_vllm)
+    if config["extraction"]["backend"] == "vllm" and installed_version("vllm"):
+        check_fixes_and_call_sites(report, disabled_fixes)
+    text = check_target(report, config, target_path)
+    gpus = visible_gpus() if gpus is None else gpus
+    if text is not None:
+        check_layers_and_vocab(report, config, text)
+        check_eagle3_serving(report, config, text)
+        check_disk(report, config, text, tokens, gpus)
+    check_gpus(report, config, gpus)
+    return report
+
+
+def count_tokens(stats_paths) -> int | None:
+    """Total tokens of the prepared datasets (their stats.json), or None if any is missing."""
+    total = 0
+    for path in stats_paths:
+        if not Path(path).exists():
+            return None
+        total += json.loads(Path(path).read_text())["tokens"]
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    from draftsmith.workflow_config import load_config
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", nargs="+", default=[], metavar="FILE",
+                        help="workflow config file(s), merged in order over the embedded default config/config.yaml")
+    parser.add_argument("--target", help="target model path or hub id (default: from the config)")
+    parser.add_argument("--json", help="also write the report as JSON here")
+    parser.add_argument("--disable-fix", action="append", default=[], choices=compat.FIX_NAMES,
+                        help="check as if this fix were off (shows what it prevents)")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    results = Path(config.get("results", "results"))
+    target = args.target or (str(results / "target") if config["target"]["model"] == "embedded" else config["target"]["model"])
+    tokens = count_tokens([results / "prepared" / d / "stats.json" for d in config["datasets"]])
+    report = run_preflight(config, target, args.disable_fix, tokens)
+    print("\n".join(report.lines()))
+    print(f"preflight: {'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

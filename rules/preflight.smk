@@ -1,0 +1,23 @@
+# Seconds of checks (versions, vLLM call signatures, target config, layer ids, GPUs, disk) before any weights load.
+# It asks for the GPUs extraction asks for and runs in extraction's environment, so it checks what extraction gets.
+# Extraction depends on its output through ancient(), so that re-running it does not re-extract.
+rule preflight:
+    input:
+        stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
+        target=target_input(),
+    output:
+        R / "preflight.json",
+    params:
+        config={key: config[key] for key in ("results", "target", "extraction", "benchmark", "vocab") if key in config},
+        target=target_param,
+    log:
+        "logs/preflight.log",
+    benchmark:
+        "benchmarks/preflight.tsv"
+    resources:
+        gpu=extraction_gpus(),
+        mem_mb=1000,
+    conda:
+        "../envs/vllm.yaml" if config["extraction"]["backend"] == "vllm" else "../envs/core.yaml"
+    script:
+        "../scripts/preflight.py"

@@ -1,0 +1,18 @@
+import logging
+
+from draftsmith.io import write_json
+from draftsmith.preflight import count_tokens, run_preflight
+from draftsmith.smk import run
+
+
+def main(smk):
+    report = run_preflight(smk.params.config, smk.params.target, tokens=count_tokens(smk.input.stats))
+    log = logging.getLogger("draftsmith.preflight")
+    for line in report.lines():
+        log.info(line)
+    write_json(smk.output[0], report.to_dict())
+    if not report.ok:
+        raise RuntimeError("preflight found problems:\n" + "\n".join(report.problems))
+
+
+run(main, snakemake)  # noqa: F821

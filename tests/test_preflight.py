@@ -1,0 +1,183 @@
+"""Preflight: one line per check, a failure per problem, in seconds, with no weights (nor torch) loaded."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, SNAKEMAKE, TINY_CONFIG
+from draftsmith import vllm_compat as compat
+from draftsmith.preflight import main, run_preflight
+
+CONFIG = {**copy.deepcopy(TINY_CONFIG), "target": {"model": "embedded", "revision": None, "trust_remote_code": False},
+          "datasets": {"synthetic": {"source": "synthetic"}}, "variants": {"default": {}}}
+
+# Kimi-K2.5's config.json in outline: a multimodal wrapper around a DeepSeek-V3 text model, with remote code.
+KIMI_LIKE = {
+    "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+    "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"},
+    "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+                    "num_hidden_layers": 61, "vocab_size": 163840},
+}
+
+
+@pytest.fixture
+def llama(tmp_path) -> Path:
+    """A target directory with only a config.json, shaped like the tiny embedded target: preflight reads nothing else."""
+    path = tmp_path / "llama"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 6,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}))
+    return path
+
+
+def config(**sections) -> dict:
+    cfg = copy.deepcopy(CONFIG)
+    for key, value in sections.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+    return cfg
+
+
+def vllm_config(**sections) -> dict:
+    return config(extraction={"backend": "vllm", "tensor_parallel_size": 1, **sections.pop("extraction", {})},
+                  benchmark={"backend": "vllm", **sections.pop("benchmark", {})}, **sections)
+
+
+def failing(report) -> list[str]:
+    return [c.name for c in report.checks if c.status == "fail"]
+
+
+def test_embedded_default_passes_with_one_line_per_check(llama):
+    report = run_preflight(config(), str(llama), tokens=20000, gpus=0)
+    assert report.ok, report.problems
+    lines = report.lines()
+    assert len(lines) == len(report.checks) and all("\n" not in line for line in lines)
+    names = [c.name for c in report.checks]
+    for name in ("version transformers", "target architecture (hf)", "layer ids", "draft vocab", "disk", "gpus (extraction)"):
+        assert name in names
+    disk = next(c for c in report.checks if c.name == "disk")
+    assert "20000 tokens x 4 layers x 64 hidden x 4 bytes" in disk.message  # float32 on the CPU
+
+
+def test_preflight_is_fast_and_loads_no_weights(llama):
+    code = textwrap.dedent(f"""
+        import sys, time
+        start = time.perf_counter()
+        from draftsmith.preflight import run_preflight
+        sys.path.insert(0, {str(REPO / 'tests')!r})
+        from test_preflight import vllm_config
+        report = run_preflight(vllm_config(), {str(llama)!r}, tokens=1000, gpus=1)
+        print(round(time.perf_counter() - start, 2), "torch" in sys.modules, "vllm" in sys.modules, len(report.checks))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    seconds, torch_loaded, vllm_loaded = float(out[0]), out[1], out[2]
+    assert seconds < 10 and torch_loaded == "False" and vllm_loaded == "False"
+
+
+def test_problems_each_give_one_failing_check(llama, tmp_path):
+    cfg = config(extraction={"aux_layer_ids": [1, 3, 9], "device": "cuda"}, vocab={"draft_vocab_size": 4096})
+    report = run_preflight(cfg, str(llama), tokens=100, gpus=0)
+    assert failing(report) == ["layer ids", "draft vocab", "gpus (extraction)"]
+    assert "[9] are outside the target's decoder layers 0..5" in report.problems[0]
+    assert "4096 exceeds the target's vocabulary of 512" in report.problems[1]
+    big = run_preflight(config(results=str(tmp_path)), str(llama), tokens=10**15, gpus=0)
+    assert failing(big) == ["disk"]
+
+
+def test_missing_target_and_remote_code_opt_in(tmp_path):
+    report = run_preflight(config(), str(tmp_path / "nowhere"), gpus=0)
+    assert failing(report) == ["target config"] and "config.json" in report.problems[0]
+    (tmp_path / "kimi").mkdir()
+    (tmp_path / "kimi" / "config.json").write_text(json.dumps(KIMI_LIKE))
+    report = run_preflight(config(vocab={"draft_vocab_size": 32000}), str(tmp_path / "kimi"), tokens=10, gpus=0)
+    assert "target trust_remote_code" in failing(report)
+
+
+def test_kimi_k2_5_needs_a_newer_vllm_for_the_vllm_benchmark(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(KIMI_LIKE))
+    trusted = {"model": "moonshotai/Kimi-K2.5", "trust_remote_code": True}
+    offline = run_preflight(config(target=trusted, vocab={"draft_vocab_size": 32000}, extraction={"aux_layer_ids": [2, 30, 58]}),
+                            str(tmp_path), tokens=10, gpus=0)
+    serving = next(c for c in offline.checks if c.name == "eagle3 serving")
+    assert serving.status == "warn" and "'deepseek_v3'" in serving.message
+    assert "needs a newer vLLM" in serving.message and "offline benchmark still works" in serving.message
+    online = run_preflight(config(target=trusted, vocab={"draft_vocab_size": 32000}, benchmark={"backend": "vllm"},
+                                  extraction={"aux_layer_ids": [2, 30, 58]}), str(tmp_path), tokens=10, gpus=8)
+    assert "eagle3 serving" in failing(online)
+
+
+def test_vllm_backends_check_gpus_and_layer_zero(llama):
+    report = run_preflight(vllm_config(extraction={"tensor_parallel_size": 2, "aux_layer_ids": [0, 2, 3]}),
+                           str(llama), tokens=10, gpus=1)
+    assert {"gpus (extraction)", "layer ids (vllm)"} <= set(failing(report))
+    assert "1 visible GPU(s) for tensor_parallel_size=2" in " ".join(report.problems)
+
+
+needs_vllm = pytest.mark.skipif(compat.package_dir("vllm") is None,
+                                reason="vLLM is not installed here; the fix probes read its source")
+
+
+def fix_problems(report) -> list[str]:
+    return [p for p in report.problems if p.startswith(("fix ", "call "))]
+
+
+@needs_vllm
+def test_patched_stack_passes(llama):
+    report = run_preflight(vllm_config(), str(llama), tokens=10, gpus=1)
+    assert fix_problems(report) == []
+    assert any(c.name == "call sites" and c.status == "ok" for c in report.checks)
+    assert len(report.fixes) == len(compat.FIXES) and all(f["applied"] for f in report.fixes)
+
+
+@needs_vllm
+@pytest.mark.parametrize("fix", compat.FIX_NAMES)
+def test_each_incompatibility_is_found_when_its_fix_is_off(llama, fix):
+    report = run_preflight(vllm_config(), str(llama), tokens=10, gpus=1, disabled_fixes=[fix])
+    problems = fix_problems(report)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"fix {fix}:") or f"(fix {fix} is off)" in problems[0]
+
+
+def test_cli_prints_a_line_per_check_and_exits_nonzero_on_problems(llama, tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config(vocab={"draft_vocab_size": 4096}, results=str(tmp_path))))
+    assert main(["--config", str(path), "--target", str(llama), "--json", str(tmp_path / "p.json")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "preflight: 1 problem(s)" and any(line.startswith("[FAIL] draft vocab:") for line in out)
+    assert json.loads((tmp_path / "p.json").read_text())["problems"][0].startswith("draft vocab:")
+
+
+SNAKEFILE = """
+configfile: "{config}"
+include: "{repo}/rules/common.smk"
+include: "{repo}/rules/data.smk"
+include: "{repo}/rules/preflight.smk"
+"""
+
+
+def test_snakemake_preflight_rule(tiny_target, tmp_path):
+    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then writes preflight.json."""
+    from draftsmith.io import write_jsonl
+    from draftsmith.synthetic import generate_corpus
+
+    train, _ = generate_corpus(20, 1, seed=5)
+    write_jsonl(tmp_path / "chats.jsonl", train)
+    cfg = config(results=str(tmp_path / "results"))
+    cfg["target"] = {"model": str(tiny_target), "revision": None, "trust_remote_code": False}
+    cfg["datasets"] = {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl")}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "Snakefile").write_text(SNAKEFILE.format(config=tmp_path / "config.yaml", repo=REPO))
+    proc = subprocess.run([SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
+                           "preflight"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "results" / "preflight.json").read_text())
+    assert result["ok"] and any(c["name"] == "disk" and "tokens" in c["message"] for c in result["checks"])
+    assert "[  ok] layer ids" in (tmp_path / "logs" / "preflight.log").read_text()

@@ -1,0 +1,286 @@
+"""The vllm benchmark backend: the command and speculative config it builds, the Prometheus parser on
+vLLM 0.16's own metric text, and the run/stop logic against a stand-in HTTP server (vllm serve itself
+needs a GPU): the same endpoints (/health, /metrics, /v1/chat/completions) and counter names."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+
+from draftsmith.bench_results import COLUMNS, accept_columns
+from draftsmith.vllm_benchmark import (ServerError, VllmServer, counter_delta, free_port, parse_prometheus,
+                                       run_vllm_benchmark, serve_command, spec_decode_counters, speculative_config)
+
+# What vLLM 0.16's /metrics serves for spec decoding (SpecDecodingProm through prometheus_client, labels
+# model_name and engine; generated with vllm.v1.spec_decode.metrics), for two engines (data parallel),
+# between other vLLM metrics.
+VLLM_METRICS = textwrap.dedent('''\
+    # HELP vllm:num_requests_running Number of requests in model execution batches.
+    # TYPE vllm:num_requests_running gauge
+    vllm:num_requests_running{engine="0",model_name="target"} 0.0
+    # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+    # TYPE vllm:spec_decode_num_drafts_total counter
+    vllm:spec_decode_num_drafts_total{engine="0",model_name="target"} 4.0
+    vllm:spec_decode_num_drafts_total{engine="1",model_name="target"} 6.0
+    # HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
+    # TYPE vllm:spec_decode_num_drafts_created gauge
+    vllm:spec_decode_num_drafts_created{engine="0",model_name="target"} 1.796227567847812e+09
+    vllm:spec_decode_num_drafts_created{engine="1",model_name="target"} 1.796227567847812e+09
+    # HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+    # TYPE vllm:spec_decode_num_draft_tokens_total counter
+    vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="target"} 12.0
+    vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="target"} 18.0
+    # HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+    # TYPE vllm:spec_decode_num_accepted_tokens_total counter
+    vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="target"} 6.0
+    vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="target"} 9.0
+    # HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+    # TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="0"} 3.0
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="1"} 2.0
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="2"} 1.0
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="target",position="0"} 5.0
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="target",position="1"} 3.0
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="target",position="2"} 1.0
+    # HELP vllm:spec_decode_num_accepted_tokens_per_pos_created Accepted tokens per draft position.
+    # TYPE vllm:spec_decode_num_accepted_tokens_per_pos_created gauge
+    vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="target",position="0"} 1.7962275678480031e+09
+    # HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+    # TYPE vllm:e2e_request_latency_seconds histogram
+    vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="target"} 0.0
+    vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="target"} 2.0
+    vllm:e2e_request_latency_seconds_count{engine="0",model_name="target"} 2.0
+    python_info{implementation="CPython",major="3",minor="11",patchlevel="9",version="3.11.9"} 1.0
+    process_max_fds 20000.0
+    ''')
+
+CFG = {"num_speculative_tokens": 3, "max_new_tokens": 16, "temperature": 0.0, "concurrency": 1, "seed": 0,
+       "server_timeout_s": 60}
+
+
+def test_serve_command_and_speculative_config():
+    cmd = serve_command("org/target", CFG, 8123, "results/draft/default", trust_remote_code=True, revision="abc")
+    assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/target"]
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"model": "results/draft/default", "num_speculative_tokens": 3, "method": "eagle3"}
+    assert spec == speculative_config("results/draft/default", 3)
+    assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--revision") + 1] == "abc"
+    assert "--trust-remote-code" in cmd and cmd[cmd.index("--generation-config") + 1] == "vllm"
+    baseline = serve_command("org/target", CFG, 8123)
+    assert "--speculative-config" not in baseline and "--trust-remote-code" not in baseline
+
+
+def test_vllm_own_cli_parser_accepts_the_command(monkeypatch):
+    pytest.importorskip("vllm", reason="vLLM is not installed; the command is checked by structure only")
+    import vllm.platforms
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform())  # the parser builds default configs
+    cmd = serve_command("org/target", {**CFG, "tensor_parallel_size": 2, "max_model_len": 4096}, 8123, "d", True)
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[4:])
+    engine = AsyncEngineArgs.from_cli_args(args)
+    assert args.model_tag == "org/target" and args.port == 8123 and args.served_model_name == ["target"]
+    assert engine.speculative_config == speculative_config("d", 3)
+    assert engine.tensor_parallel_size == 2 and engine.max_model_len == 4096 and engine.trust_remote_code
+
+
+def test_prometheus_parser_on_vllm_metrics():
+    samples = parse_prometheus(VLLM_METRICS)
+    assert samples[("vllm:spec_decode_num_drafts_total", (("engine", "1"), ("model_name", "target")))] == 6.0
+    assert samples[("vllm:e2e_request_latency_seconds_bucket",
+                    (("engine", "0"), ("le", "+Inf"), ("model_name", "target")))] == 2.0
+    assert samples[("process_max_fds", ())] == 20000.0
+    counters = spec_decode_counters(VLLM_METRICS, 3)
+    assert counters == {"drafts": 10.0, "draft_tokens": 30.0, "accepted": 15.0, "accepted_per_pos": [8.0, 5.0, 2.0]}
+    assert 1 + counters["accepted"] / counters["drafts"] == 2.5  # vLLM's mean acceptance length
+
+
+def test_prometheus_parser_on_text_vllm_generates():
+    pytest.importorskip("vllm", reason="vLLM is not installed; the parser is checked on the recorded text only")
+    from types import SimpleNamespace
+
+    import prometheus_client
+    from vllm.v1.spec_decode.metrics import SpecDecodingProm, SpecDecodingStats
+
+    registry = prometheus_client.CollectorRegistry()
+    counter = prometheus_client.Counter
+
+    class RegistryCounter(counter):  # vLLM registers on the default registry; keep this test's counters apart
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, registry=registry, **kwargs)
+
+    prom = type("Prom", (SpecDecodingProm,), {"_counter_cls": RegistryCounter})(
+        SimpleNamespace(num_speculative_tokens=3), ["model_name", "engine"], {0: ["target", "0"]})
+    stats = SpecDecodingStats.new(3)
+    for accepted in (3, 1, 0, 2):
+        stats.observe_draft(num_draft_tokens=3, num_accepted_tokens=accepted)
+    prom.observe(stats, 0)
+    text = prometheus_client.generate_latest(registry).decode()
+    assert spec_decode_counters(text, 3) == {"drafts": 4.0, "draft_tokens": 12.0, "accepted": 6.0,
+                                             "accepted_per_pos": [3.0, 2.0, 1.0]}
+
+
+def test_counter_delta():
+    before = {"drafts": 4.0, "draft_tokens": 12.0, "accepted": 6.0, "accepted_per_pos": [3.0, 2.0, 1.0]}
+    after = {"drafts": 9.0, "draft_tokens": 27.0, "accepted": 10.0, "accepted_per_pos": [6.0, 3.0, 1.0]}
+    assert counter_delta(after, before) == {"drafts": 5.0, "draft_tokens": 15.0, "accepted": 4.0,
+                                            "accepted_per_pos": [3.0, 1.0, 0.0]}
+
+
+# ----------------------------------------------------------------------------- against a stand-in server
+
+STAND_IN = textwrap.dedent('''\
+    """Serves vllm serve's endpoints: each completion adds (2 + prompt index) drafts of 3 tokens to the counters."""
+    import json, subprocess, sys, threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    port, mode, pidfile = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    child = subprocess.Popen(["sleep", "600"])  # a worker process, as vllm serve has
+    open(pidfile, "w").write(str(child.pid))
+    counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0]}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code, body, kind="application/json"):
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                return self.reply(200, "")
+            lines = []
+            if mode != "base":
+                with lock:
+                    lines.append(f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="target"}} {counters["drafts"]}.0')
+                    lines.append(f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="target"}} {counters["draft_tokens"]}.0')
+                    lines.append(f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="target"}} {counters["accepted"]}.0')
+                    for i, v in enumerate(counters["pos"]):
+                        lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="target",position="{i}"}} {v}.0')
+            self.reply(200, "\\n".join(lines) + "\\n", "text/plain")
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if mode == "fail":
+                return self.reply(500, '{"error": "boom"}')
+            assert body["temperature"] == 0.0 and body["model"] == "target"
+            index = int(body["messages"][-1]["content"].split()[-1]) if body["messages"][-1]["content"][-1].isdigit() else 0
+            if mode == "spec":
+                with lock:
+                    drafts = 2 + index
+                    counters["drafts"] += drafts
+                    counters["draft_tokens"] += 3 * drafts
+                    counters["accepted"] += drafts  # one accepted token per draft, at position 0
+                    counters["pos"][0] += drafts
+            usage = {"prompt_tokens": 5 + index, "completion_tokens": body["max_tokens"]}
+            self.reply(200, json.dumps({"choices": [{"message": {"content": "x"}}], "usage": usage}))
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    ''')
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    script = tmp_path / "stand_in_server.py"
+    script.write_text(STAND_IN)
+    pidfiles = []
+
+    def make_command(mode=None):
+        def command(target, cfg, port, draft_dir=None, trust_remote_code=False, revision=None):
+            pidfiles.append(tmp_path / f"child_{len(pidfiles)}.pid")
+            return [sys.executable, str(script), str(port), mode or ("spec" if draft_dir else "base"), str(pidfiles[-1])]
+        return command
+
+    make_command.pidfiles = pidfiles
+    return make_command
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its dead parent) counts as stopped
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def wait_dead(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+PROMPTS = [{"prompt_id": f"p{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
+
+
+def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
+    out = tmp_path / "bench"
+    summary = run_vllm_benchmark("target", "draft", PROMPTS, CFG, out / "per_prompt.csv", out / "summary.json", "default",
+                                 make_command=stand_in())
+    df = pd.read_csv(out / "per_prompt.csv")
+    assert list(df.columns) == COLUMNS + accept_columns(3)
+    assert sorted(set(df["method"])) == ["eagle3_draft", "target_greedy"] and len(df) == 6
+    spec = df[df["method"] == "eagle3_draft"].set_index("prompt_id")
+    assert spec.loc["p2", "drafts"] == 4 and spec.loc["p2", "draft_tokens"] == 12 and spec.loc["p2", "accepted_tokens"] == 4
+    assert spec.loc["p0", "target_forwards"] == 3 and spec.loc["p0", "accept_pos_1"] == 2 and spec.loc["p0", "accept_pos_2"] == 0
+    assert spec.loc["p1", "acceptance_length"] == pytest.approx(16 / 4)
+    assert (df[df["method"] == "target_greedy"]["acceptance_length"] == 1.0).all()
+    written = json.loads((out / "summary.json").read_text())
+    assert written == json.loads(json.dumps(summary, default=str))
+    assert written["backend"] == "vllm" and written["num_speculative_tokens"] == 3 and written["num_prompts"] == 3
+    methods = written["methods"]
+    assert methods["eagle3_draft"]["per_position_acceptance"] == [1.0, 0.0, 0.0]
+    assert methods["eagle3_draft"]["mean_acceptance_length_counters"] == 2.0
+    assert methods["target_greedy"]["speedup"] == 1.0 and methods["eagle3_draft"]["new_tokens"] == 48
+    assert (out / "vllm_serve_eagle3_draft.log").exists()
+    assert all(wait_dead(int(p.read_text())) for p in stand_in.pidfiles)  # both servers' process groups are gone
+
+
+def test_concurrent_requests_report_aggregate_acceptance(stand_in, tmp_path):
+    cfg = {**CFG, "concurrency": 3}
+    summary = run_vllm_benchmark("target", "draft", PROMPTS, cfg, tmp_path / "pp.csv", tmp_path / "s.json", "default",
+                                 make_command=stand_in())
+    spec = summary["methods"]["eagle3_draft"]
+    assert spec["counters"]["drafts"] == 2 + 3 + 4
+    assert spec["acceptance_length"] == pytest.approx(48 / (3 + 9))
+    assert spec["per_position_acceptance"] == [1.0, 0.0, 0.0]
+    assert spec["tokens_per_s"] == pytest.approx(48 / spec["wall_seconds"])
+    rows = pd.read_csv(tmp_path / "pp.csv")
+    assert rows[rows["method"] == "eagle3_draft"]["drafts"].isna().all()  # not separable per request
+    assert not math.isnan(summary["methods"]["target_greedy"]["speedup"])
+
+
+def test_server_is_stopped_when_the_run_fails(stand_in, tmp_path):
+    with pytest.raises(ServerError, match="chat completion failed \\(500\\)"):
+        run_vllm_benchmark("target", "draft", PROMPTS, CFG, tmp_path / "pp.csv", tmp_path / "s.json", "default",
+                           make_command=stand_in("fail"))
+    assert wait_dead(int(stand_in.pidfiles[0].read_text()))
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_server_that_exits_reports_the_end_of_its_log(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('ValueError: Eagle3 is only supported for llama'); sys.exit(3)"]
+    with pytest.raises(ServerError, match="(?s)exited with code 3.*Eagle3 is only supported"):
+        with VllmServer(cmd, free_port(), tmp_path / "serve.log", timeout_s=30):
+            pass
