@@ -45,8 +45,9 @@ def test_trace_counts_follow_the_row_definitions():
 
 
 def test_per_prompt_and_summary_arithmetic(tmp_path):
-    meta = {"variant": "v", "backend": "offline", "lossless": {"eagle3_draft": True}}
-    summary = write_results(traces(), K, tmp_path / "per_prompt.csv", tmp_path / "summary.json", meta)
+    meta = {"variant": "v", "backend": "offline"}
+    summary = write_results(traces(), K, tmp_path / "per_prompt.csv", tmp_path / "summary.json", meta,
+                            {"eagle3_draft": {"lossless": True}})
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     df = pd.read_csv(tmp_path / "per_prompt.csv").set_index(["method", "prompt_id"])
     assert df.loc[("eagle3_draft", "a"), "acceptance_length"] == pytest.approx(10 / 6)
@@ -64,7 +65,7 @@ def test_per_prompt_and_summary_arithmetic(tmp_path):
     assert spec["speedup"] == pytest.approx((14 / 1.5) / (14 / 3.0))
     greedy = summary["methods"]["target_greedy"]
     assert greedy["per_position_acceptance"] == [None, None, None] and greedy["speedup"] == pytest.approx(1.0)
-    assert summary["lossless"] == {"eagle3_draft": True} and summary["num_speculative_tokens"] == K
+    assert spec["lossless"] is True and "lossless" not in greedy and summary["num_speculative_tokens"] == K
 
 
 def test_the_stopping_rule_keeps_the_stop_token_and_caps_the_length():
