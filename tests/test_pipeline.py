@@ -16,8 +16,8 @@ from draftsmith.tokenization import read_samples
 
 
 def jobs_planned(proc) -> dict[str, int]:
-    """Rule -> job count from a dry run's job table."""
-    table = proc.stdout.split("Job stats:")[-1]
+    """Rule -> job count from Snakemake's job table (stdout in a dry run, stderr in a real one)."""
+    table = (proc.stdout + proc.stderr).split("Job stats:")[-1]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
