@@ -10,10 +10,10 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test lint dryrun clean-results
 
-$(STAMP): envs/core.lock.txt pyproject.toml
+$(STAMP): envs/core.lock.txt envs/plugins.lock.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r envs/core.lock.txt
+	$(BIN)/python -m pip install -q -r envs/core.lock.txt -r envs/plugins.lock.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -42,3 +42,76 @@ dryrun: install
 
 clean-results:
 	rm -rf results/* .snakemake logs benchmarks && touch results/.gitkeep
+
+# --- Air-gapped nodes (docs/SCALE.md) -----------------------------------------------------------
+# `make wheelhouse` (with network) downloads the pinned wheels of ENV (one or more of envs/*.lock.txt)
+# for the target platform and Python; `make install-offline` (no network) installs them into $(VENV).
+#   make wheelhouse ENV="core plugins" PLATFORM=manylinux_2_28_x86_64 PYVER=3.11
+#   make install-offline ENV="core plugins"
+# torch: the wheel that `pip download torch==<pin>` finds for the target (on PyPI for x86_64 Linux,
+# the CUDA build plus its nvidia-* wheels, several GB); EXTRA_INDEX picks another build (e.g.
+# https://download.pytorch.org/whl/cu128); SKIP_TORCH=1 leaves torch out for nodes that have it.
+ENV ?= core
+PLATFORM ?= manylinux_2_28_x86_64
+PYVER ?= 3.11
+WHEELHOUSE ?= wheelhouse
+EXTRA_INDEX ?=
+SKIP_TORCH ?=
+LOCKS = $(foreach e,$(ENV),envs/$(e).lock.txt)
+# pip matches --platform tags literally, so a manylinux_2_N target also lists every older manylinux tag.
+PLATFORM_ARCH = $(shell echo $(PLATFORM) | sed -E 's/^manylinux_[0-9]+_[0-9]+_//')
+PLATFORM_TAGS ?= $(if $(filter manylinux_2_%,$(PLATFORM)),$(foreach v,$(shell seq $(word 3,$(subst _, ,$(PLATFORM))) -1 17),manylinux_2_$(v)_$(PLATFORM_ARCH)) manylinux2014_$(PLATFORM_ARCH) manylinux2010_$(PLATFORM_ARCH) manylinux1_$(PLATFORM_ARCH),$(PLATFORM))
+TARGET_ARGS = $(foreach t,$(PLATFORM_TAGS),--platform $(t)) --python-version $(PYVER) --implementation cp
+INDEX_ARGS = $(if $(EXTRA_INDEX),--extra-index-url $(EXTRA_INDEX))
+
+.PHONY: wheelhouse install-offline fmt-check fmt
+
+# The requirement list of ENV (torch left out with SKIP_TORCH=1); both targets below use it.
+$(WHEELHOUSE)/requirements.txt: $(LOCKS) FORCE
+	mkdir -p $(WHEELHOUSE)
+	cat $(LOCKS) | sed -e 's/#.*//' -e '/^[[:space:]]*$$/d' $(if $(SKIP_TORCH),-e '/^torch==/d') | sort -u > $@.tmp
+	mv $@.tmp $@
+
+wheelhouse: $(WHEELHOUSE)/requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	grep -v '^torch==' $< > $(WHEELHOUSE)/.no-torch.txt
+	@# --no-deps: the lock files are complete, and it lets pip take sdists where no wheel exists
+	$(BIN)/python -m pip download -q --no-deps --prefer-binary $(TARGET_ARGS) $(INDEX_ARGS) \
+		-d $(WHEELHOUSE) -r $(WHEELHOUSE)/.no-torch.txt setuptools wheel
+	@# torch with its own dependencies (nvidia-* for CUDA builds), the shared ones held to the pins
+	$(if $(SKIP_TORCH),,$(BIN)/python -m pip download -q --only-binary=:all: $(TARGET_ARGS) $(INDEX_ARGS) \
+		-c $(WHEELHOUSE)/requirements.txt -d $(WHEELHOUSE) $$(grep '^torch==' $<))
+	@# sdist-only packages become wheels (pure Python ones are portable; others match this host)
+	for sdist in $$(ls $(WHEELHOUSE)/*.tar.gz $(WHEELHOUSE)/*.zip 2>/dev/null); do \
+		$(BIN)/python -m pip wheel -q --no-deps -w $(WHEELHOUSE) $$sdist && rm $$sdist || exit 1; \
+	done
+	@# every requirement resolves from the wheelhouse alone, for the target platform
+	@# (with SKIP_TORCH only each pin's own wheel: the packages that need torch find the nodes' torch)
+	$(BIN)/python -m pip install -q --dry-run --ignore-installed --no-index --find-links $(WHEELHOUSE) \
+		--only-binary=:all: $(TARGET_ARGS) $(if $(SKIP_TORCH),--no-deps) --target $(WHEELHOUSE)/.dry-run -r $< setuptools
+	rm -rf $(WHEELHOUSE)/.dry-run $(WHEELHOUSE)/.no-torch.txt
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1)"
+
+install-offline: $(WHEELHOUSE)/requirements.txt
+	@# with SKIP_TORCH, a new venv sees the system's packages, torch among them
+	test -x $(BIN)/python || $(PYTHON) -m venv $(if $(SKIP_TORCH),--system-site-packages) $(VENV)
+	$(BIN)/python -m pip install -q --no-index --find-links $(WHEELHOUSE) setuptools wheel
+	$(BIN)/python -m pip install -q --no-index --find-links $(WHEELHOUSE) -r $<
+	$(BIN)/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
+	$(if $(filter core,$(ENV)),touch $(STAMP))
+
+FORCE:
+
+# snakefmt, pinned in envs/dev.lock.txt and installed into $(VENV) on first use.
+DEV_STAMP := $(VENV)/.draftsmith-dev-installed
+$(DEV_STAMP): envs/dev.lock.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -r envs/dev.lock.txt
+	touch $@
+
+fmt-check: $(DEV_STAMP)
+	$(BIN)/snakefmt --check Snakefile rules/
+
+# Rewrites Snakefile and rules/ in snakefmt's style (what fmt-check asks for).
+fmt: $(DEV_STAMP)
+	$(BIN)/snakefmt Snakefile rules/

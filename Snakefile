@@ -19,6 +19,6 @@ include: "rules/validate.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_outputs(),
-    default_target: True

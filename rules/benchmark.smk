@@ -9,21 +9,23 @@ rule benchmark:
     output:
         per_prompt=R / "benchmark" / "{variant}" / "per_prompt.csv",
         summary=R / "benchmark" / "{variant}" / "summary.json",
+    log:
+        "logs/benchmark/{variant}.log",
+    benchmark:
+        "benchmarks/benchmark/{variant}.tsv"
+    conda:
+        "../envs/vllm.yaml"
+        if config["benchmark"].get("backend") == "vllm"
+        else "../envs/core.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=benchmark_gpus(),
+        mem_mb=16000,
     params:
         target=target_param,
         trust_remote_code=config["target"].get("trust_remote_code", False),
         revision=config["target"].get("revision"),
         benchmark=canonical(config["benchmark"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
-    log:
-        "logs/benchmark/{variant}.log",
-    benchmark:
-        "benchmarks/benchmark/{variant}.tsv"
-    threads: workflow.cores
-    resources:
-        gpu=benchmark_gpus(),
-        mem_mb=16000,
-    conda:
-        "../envs/vllm.yaml" if config["benchmark"].get("backend") == "vllm" else "../envs/core.yaml"
     script:
         "../scripts/benchmark.py"

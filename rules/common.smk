@@ -4,13 +4,14 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-
 validate(config, "../config/schema/config.schema.yaml")
 
 # Jobs import the draftsmith package from this checkout, whatever environment runs them
 # (a conda env from --sdm conda does not have it installed). Set here, not required from the user.
 os.environ.update(
-    PYTHONPATH=os.pathsep.join(p for p in (workflow.basedir, os.environ.get("PYTHONPATH")) if p)
+    PYTHONPATH=os.pathsep.join(
+        p for p in (workflow.basedir, os.environ.get("PYTHONPATH")) if p
+    )
 )
 
 R = Path(config.get("results", "results"))
@@ -18,6 +19,7 @@ EMBEDDED = config["target"]["model"] == "embedded"
 DATASETS = sorted(config["datasets"])
 VARIANTS = sorted(config["variants"])
 NUM_SHARDS = config["extraction"]["num_shards"]
+
 
 wildcard_constraints:
     dataset="|".join(DATASETS),
@@ -63,14 +65,17 @@ def dataset_input(wildcards):
 
 def uses_synthetic():
     prompts = config["benchmark"].get("prompts", "heldout")
-    return EMBEDDED or prompts == "heldout" or any(
-        config["datasets"][d]["source"] == "synthetic" for d in DATASETS
+    return (
+        EMBEDDED
+        or prompts == "heldout"
+        or any(config["datasets"][d]["source"] == "synthetic" for d in DATASETS)
     )
 
 
 def shard_manifests(dataset):
     return [
-        str(R / "shards" / dataset / f"shard_{k}" / "manifest.json") for k in range(NUM_SHARDS)
+        str(R / "shards" / dataset / f"shard_{k}" / "manifest.json")
+        for k in range(NUM_SHARDS)
     ]
 
 
@@ -113,7 +118,11 @@ def benchmark_gpus():
 
 def training_gpus(variant):
     gpus = variant_training(variant).get("gpus", 0)
-    if gpus == 0 and config["extraction"].get("device", "auto") != "cpu" and shutil.which("nvidia-smi"):
+    if (
+        gpus == 0
+        and config["extraction"].get("device", "auto") != "cpu"
+        and shutil.which("nvidia-smi")
+    ):
         return 1
     return gpus
 

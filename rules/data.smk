@@ -2,17 +2,17 @@ rule make_synthetic_corpus:
     output:
         train=R / "data" / "synthetic" / "train.jsonl",
         heldout=R / "data" / "synthetic" / "heldout.jsonl",
-    params:
-        synthetic=canonical(config.get("synthetic", {})),
     log:
         "logs/make_synthetic_corpus.log",
     benchmark:
         "benchmarks/make_synthetic_corpus.tsv"
+    conda:
+        "../envs/core.yaml"
     resources:
         gpu=0,
         mem_mb=1000,
-    conda:
-        "../envs/core.yaml"
+    params:
+        synthetic=canonical(config.get("synthetic", {})),
     script:
         "../scripts/make_synthetic_corpus.py"
 
@@ -22,18 +22,18 @@ rule build_target:
         train=R / "data" / "synthetic" / "train.jsonl",
     output:
         directory(R / "target"),
-    params:
-        embedded_target=canonical(config.get("embedded_target", {})),
     log:
         "logs/build_target.log",
     benchmark:
         "benchmarks/build_target.tsv"
+    conda:
+        "../envs/core.yaml"
     threads: workflow.cores
     resources:
         gpu=0,
         mem_mb=4000,
-    conda:
-        "../envs/core.yaml"
+    params:
+        embedded_target=canonical(config.get("embedded_target", {})),
     script:
         "../scripts/build_target.py"
 
@@ -45,20 +45,20 @@ rule prepare_dataset:
     output:
         samples=R / "prepared" / "{dataset}" / "samples.parquet",
         stats=R / "prepared" / "{dataset}" / "stats.json",
+    log:
+        "logs/prepare_dataset/{dataset}.log",
+    benchmark:
+        "benchmarks/prepare_dataset/{dataset}.tsv"
+    conda:
+        "../envs/core.yaml"
+    resources:
+        gpu=0,
+        mem_mb=8000,
     params:
         spec=lambda wc: dataset_spec(wc.dataset),
         target=target_param,
         trust_remote_code=config["target"].get("trust_remote_code", False),
         revision=config["target"].get("revision"),
         seq_length=config["seq_length"],
-    log:
-        "logs/prepare_dataset/{dataset}.log",
-    benchmark:
-        "benchmarks/prepare_dataset/{dataset}.tsv"
-    resources:
-        gpu=0,
-        mem_mb=8000,
-    conda:
-        "../envs/core.yaml"
     script:
         "../scripts/prepare_dataset.py"

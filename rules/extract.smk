@@ -5,21 +5,23 @@ rule extract_hidden_states:
         preflight=ancient(R / "preflight.json"),
     output:
         manifest=R / "shards" / "{dataset}" / "shard_{shard}" / "manifest.json",
+    log:
+        "logs/extract_hidden_states/{dataset}/shard_{shard}.log",
+    benchmark:
+        "benchmarks/extract_hidden_states/{dataset}/shard_{shard}.tsv"
+    conda:
+        "../envs/vllm.yaml"
+        if config["extraction"]["backend"] == "vllm"
+        else "../envs/core.yaml"
+    threads: max(1, workflow.cores // max(1, NUM_SHARDS))
+    resources:
+        gpu=extraction_gpus(),
+        mem_mb=16000,
     params:
         target=target_param,
         revision=config["target"].get("revision"),
         trust_remote_code=config["target"].get("trust_remote_code", False),
         extraction=canonical(config["extraction"]),
         seq_length=config["seq_length"],
-    log:
-        "logs/extract_hidden_states/{dataset}/shard_{shard}.log",
-    benchmark:
-        "benchmarks/extract_hidden_states/{dataset}/shard_{shard}.tsv"
-    threads: max(1, workflow.cores // max(1, NUM_SHARDS))
-    resources:
-        gpu=extraction_gpus(),
-        mem_mb=16000,
-    conda:
-        "../envs/vllm.yaml" if config["extraction"]["backend"] == "vllm" else "../envs/core.yaml"
     script:
         "../scripts/extract_hidden_states.py"

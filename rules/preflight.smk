@@ -7,17 +7,23 @@ rule preflight:
         target=target_input(),
     output:
         R / "preflight.json",
-    params:
-        config={key: config[key] for key in ("results", "target", "extraction", "benchmark", "vocab") if key in config},
-        target=target_param,
     log:
         "logs/preflight.log",
     benchmark:
         "benchmarks/preflight.tsv"
+    conda:
+        "../envs/vllm.yaml"
+        if config["extraction"]["backend"] == "vllm"
+        else "../envs/core.yaml"
     resources:
         gpu=extraction_gpus(),
         mem_mb=1000,
-    conda:
-        "../envs/vllm.yaml" if config["extraction"]["backend"] == "vllm" else "../envs/core.yaml"
+    params:
+        config={
+            key: config[key]
+            for key in ("results", "target", "extraction", "benchmark", "vocab")
+            if key in config
+        },
+        target=target_param,
     script:
         "../scripts/preflight.py"

@@ -1,7 +1,11 @@
 rule report:
     input:
-        summaries=expand(R / "benchmark" / "{variant}" / "summary.json", variant=VARIANTS),
-        per_prompt=expand(R / "benchmark" / "{variant}" / "per_prompt.csv", variant=VARIANTS),
+        summaries=expand(
+            R / "benchmark" / "{variant}" / "summary.json", variant=VARIANTS
+        ),
+        per_prompt=expand(
+            R / "benchmark" / "{variant}" / "per_prompt.csv", variant=VARIANTS
+        ),
         metrics=expand(R / "draft" / "{variant}" / "metrics.csv", variant=VARIANTS),
         drafts=expand(R / "draft" / "{variant}" / "config.json", variant=VARIANTS),
         stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
@@ -15,16 +19,16 @@ rule report:
             caption="../docs/report_caption.rst",
             category="Figures",
         ),
-    params:
-        config=canonical(config),
     log:
         "logs/report.log",
     benchmark:
         "benchmarks/report.tsv"
+    conda:
+        "../envs/core.yaml"
     resources:
         gpu=0,
         mem_mb=4000,
-    conda:
-        "../envs/core.yaml"
+    params:
+        config=canonical(config),
     script:
         "../scripts/report.py"

@@ -8,20 +8,20 @@ rule train_draft:
         config=R / "draft" / "{variant}" / "config.json",
         weights=R / "draft" / "{variant}" / "model.safetensors",
         metrics=R / "draft" / "{variant}" / "metrics.csv",
+    log:
+        "logs/train_draft/{variant}.log",
+    benchmark:
+        "benchmarks/train_draft/{variant}.tsv"
+    conda:
+        "../envs/core.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=lambda wc: training_gpus(wc.variant),
+        mem_mb=16000,
     params:
         target=target_param,
         training=lambda wc: variant_training(wc.variant),
         state_dir=lambda wc: str(R / "train_state" / wc.variant),
         gpus=lambda wc: training_gpus(wc.variant),
-    log:
-        "logs/train_draft/{variant}.log",
-    benchmark:
-        "benchmarks/train_draft/{variant}.tsv"
-    threads: workflow.cores
-    resources:
-        gpu=lambda wc: training_gpus(wc.variant),
-        mem_mb=16000,
-    conda:
-        "../envs/core.yaml"
     script:
         "../scripts/train_draft.py"

@@ -4,12 +4,12 @@ rule validate:
         "logs/validate.log",
     benchmark:
         "benchmarks/validate.tsv"
-    params:
-        results=str(R),
+    conda:
+        "../envs/core.yaml"
     resources:
         gpu=0,
         mem_mb=4000,
-    conda:
-        "../envs/core.yaml"
+    params:
+        results=str(R),
     script:
         "../scripts/validate.py"

@@ -7,11 +7,11 @@ rule token_freq:
         "logs/token_freq/{dataset}.log",
     benchmark:
         "benchmarks/token_freq/{dataset}.tsv"
+    conda:
+        "../envs/core.yaml"
     resources:
         gpu=0,
         mem_mb=4000,
-    conda:
-        "../envs/core.yaml"
     script:
         "../scripts/token_freq.py"
 
@@ -24,19 +24,19 @@ rule vocab_map:
         combined=R / "vocab" / "token_freq.pt",
         d2t=R / "vocab" / "d2t.npy",
         t2d=R / "vocab" / "t2d.npy",
+    log:
+        "logs/vocab_map.log",
+    benchmark:
+        "benchmarks/vocab_map.tsv"
+    conda:
+        "../envs/core.yaml"
+    resources:
+        gpu=0,
+        mem_mb=2000,
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         target=target_param,
         revision=config["target"].get("revision"),
         trust_remote_code=config["target"].get("trust_remote_code", False),
-    log:
-        "logs/vocab_map.log",
-    benchmark:
-        "benchmarks/vocab_map.tsv"
-    resources:
-        gpu=0,
-        mem_mb=2000,
-    conda:
-        "../envs/core.yaml"
     script:
         "../scripts/vocab_map.py"

@@ -1,10 +1,11 @@
 """Cluster profiles: what the real executor plugins submit for our rules.
 
-SLURM: Snakemake runs with `--profile profiles/slurm` and the real snakemake-executor-plugin-slurm
-builds each `sbatch` call; a fake `sbatch` on PATH (the cluster boundary) records its argv and
-refuses the job, so the run ends at once. Kubernetes: the real snakemake-executor-plugin-kubernetes
-builds each Job and posts it to a fake Kubernetes API server on 127.0.0.1 that records the body and
-reports the job failed. Both need the plugins of envs/plugins.lock.txt.
+Every file of the DAG is created first, so that `snakemake -f TARGET` submits exactly one job.
+SLURM: Snakemake runs with `--workflow-profile profiles/slurm` and the real
+snakemake-executor-plugin-slurm builds each `sbatch` call; a fake `sbatch` on PATH (the cluster
+boundary) records its argv and refuses the job, so the run ends at once. Kubernetes: the real
+snakemake-executor-plugin-kubernetes builds each Job and posts it to a fake Kubernetes API server
+on 127.0.0.1 that records the body and reports the job failed. Both need envs/plugins.lock.txt.
 """
 
 from __future__ import annotations
