@@ -35,7 +35,7 @@ PRESETS = {
                       num_seqs=192, min_len=256, max_len=2048, batch_tokens=65536, max_batch=64),
     # the embedded default's target and sample lengths
     "embedded": dict(layers=8, hidden=128, intermediate=384, heads=4, kv_heads=2, vocab=1024,
-                     num_seqs=256, min_len=30, max_len=160, batch_tokens=8192, max_batch=64),
+                     num_seqs=256, min_len=30, max_len=160, batch_tokens=2048, max_batch=64),
 }
 
 
