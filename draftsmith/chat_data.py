@@ -116,8 +116,10 @@ def _iter_source(spec: dict, source: str) -> Iterator[RawRecord]:
         yield RawRecord(name, index, _record_id(data, f"record {index}"), data)
 
 
-def normalise(record: dict) -> list[dict[str, str]]:
-    """Return `[{role, content}, ...]` or raise BadRecord naming the field at fault."""
+def normalise(record: dict, require_reply: bool = True) -> list[dict[str, str]]:
+    """Return `[{role, content}, ...]` or raise BadRecord naming the field at fault.
+
+    Training data needs an assistant turn; benchmark prompts (`require_reply=False`) do not."""
     if "messages" in record and record["messages"] is not None:
         turns, role_key, content_key, field = record["messages"], "role", "content", "messages"
     elif "conversations" in record and record["conversations"] is not None:
@@ -144,6 +146,6 @@ def normalise(record: dict) -> list[dict[str, str]]:
     first_non_system = next((m for m in messages if m["role"] != "system"), None)
     if first_non_system is not None and first_non_system["role"] == "assistant":
         raise BadRecord("starts_with_assistant", f"{field}: the conversation starts with an assistant turn")
-    if not any(m["role"] == "assistant" for m in messages):
+    if require_reply and not any(m["role"] == "assistant" for m in messages):
         raise BadRecord("no_assistant_turn", f"{field}: no assistant turn to train on")
     return messages

@@ -22,25 +22,13 @@ def _prompt_messages(data: dict) -> list[dict[str, str]]:
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
             raise BadRecord("bad_turns", "field 'turns' must be a non-empty list starting with a non-empty string")
         return [{"role": "user", "content": turns[0]}]
-    try:
-        messages = normalise(data)
-    except BadRecord as e:
-        if e.reason != "no_assistant_turn":
-            raise
-        # Prompt-only records are fine here; normalise requires a reply, so give it one and drop it.
-        messages = normalise(_with_placeholder_reply(data))[:-1]
+    messages = normalise(data, require_reply=False)
     first_reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     messages = messages[:first_reply]
     if not messages or messages[-1]["role"] != "user":
         raise BadRecord("no_user_turn", "no user turn before the first assistant turn")
     first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
     return messages[: first_user + 1]
-
-
-def _with_placeholder_reply(data: dict) -> dict:
-    if data.get("messages") is not None:
-        return {**data, "messages": list(data["messages"]) + [{"role": "assistant", "content": "-"}]}
-    return {**data, "conversations": list(data["conversations"]) + [{"from": "gpt", "value": "-"}]}
 
 
 def _prompt_id(raw: RawRecord) -> str:
