@@ -194,6 +194,8 @@ def extract_shard(
         "batch_tokens": batch_tokens,
         "max_batch_size": max_batch_size,
     }
+    if not indices:
+        raise ShardError(f"{shard_dir}: shard {shard} of {num_shards} has no samples; lower extraction.num_shards")
     writer = ShardWriter(shard_dir, plan)
     try:
         lengths = [len(samples["input_ids"][i]) for i in indices]
@@ -202,8 +204,6 @@ def extract_shard(
         resumed = sum(i in writer.done for i in indices)
         total_tokens = sum(lengths)
         done_tokens = sum(len(samples["input_ids"][i]) for b in batches if b not in todo for i in b)
-        if not indices:
-            raise ShardError(f"{shard_dir}: shard {shard} of {num_shards} has no samples; lower extraction.num_shards")
 
         def on_sample(index, get_states):
             if index in writer.done:

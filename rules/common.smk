@@ -94,37 +94,31 @@ def benchmark_prompts_input():
     return [prompts["path"]] if prompts["source"] == "local" else []
 
 
+def single_device_gpus(device):
+    """GPUs a one-device job asks for: none on "cpu", one on "cuda[:N]", one on "auto" where a GPU exists."""
+    if device == "cpu":
+        return 0
+    return 1 if device.startswith("cuda") or shutil.which("nvidia-smi") else 0
+
+
 def extraction_gpus():
     ext = config["extraction"]
     if ext["backend"] == "vllm":
         return ext.get("tensor_parallel_size", 1)
-    device = ext.get("device", "auto")
-    if device == "cpu":
-        return 0
-    if device.startswith("cuda"):
-        return 1
-    return 1 if shutil.which("nvidia-smi") else 0
+    return single_device_gpus(ext.get("device", "auto"))
 
 
 def benchmark_gpus():
     bench = config["benchmark"]
     if bench.get("backend") == "vllm":
         return bench.get("tensor_parallel_size", 1)
-    device = bench.get("device", "auto")
-    if device == "cpu":
-        return 0
-    return 1 if device.startswith("cuda") or shutil.which("nvidia-smi") else 0
+    return single_device_gpus(bench.get("device", "auto"))
 
 
 def training_gpus(variant):
+    """training.gpus; 0 means one GPU where one exists (extraction.device: cpu keeps it on the CPU)."""
     gpus = variant_training(variant).get("gpus", 0)
-    if (
-        gpus == 0
-        and config["extraction"].get("device", "auto") != "cpu"
-        and shutil.which("nvidia-smi")
-    ):
-        return 1
-    return gpus
+    return gpus or single_device_gpus(config["extraction"].get("device", "auto"))
 
 
 def all_outputs():
