@@ -226,6 +226,8 @@ def run_training(args: dict) -> None:
     files = shard_files(args["manifests"])
     lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
     (train_files, train_lengths), (val_files, val_lengths) = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
+    log.info("training on %d samples (%d tokens) from %d shards; %d samples held out for validation",
+             len(train_files), sum(train_lengths), len(manifests), len(val_files))
 
     torch.manual_seed(cfg["seed"])
     draft = build_draft(args["target"], d2t, t2d, cfg["draft_layers"], aux_layer_ids, cfg["ttt_steps"], cfg["seed"],

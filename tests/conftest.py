@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,18 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None) -> Path:
+    """A new workdir holding the pipeline's data, target and prepared samples (mtimes kept)."""
+    for sub in ("data", "target", "prepared"):
+        shutil.copytree(pipeline_run / "results" / sub, workdir / "results" / sub)
+    config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
+    config["results"] = str(workdir / "results")
+    for key, value in (overrides or {}).items():
+        config[key] = {**config[key], **value}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    return workdir
 
 
 @pytest.fixture(scope="session")

@@ -17,22 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SNAKEMAKE, snakemake
+from conftest import REPO, SNAKEMAKE, copy_inputs, snakemake
 from draftsmith.io import sha256_file
 
 SHARD = "results/shards/synthetic/shard_0"
-
-
-def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None) -> Path:
-    """A new workdir holding the pipeline's data, target and prepared samples (mtimes kept)."""
-    for sub in ("data", "target", "prepared"):
-        shutil.copytree(pipeline_run / "results" / sub, workdir / "results" / sub)
-    config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
-    config["results"] = str(workdir / "results")
-    for key, value in (overrides or {}).items():
-        config[key] = {**config[key], **value}
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    return workdir
 
 
 def manifest_target(workdir: Path) -> str:

@@ -92,3 +92,40 @@ def test_workflow_lints_clean():
     proc = subprocess.run([SNAKEMAKE, "--lint", "-s", str(REPO / "Snakefile")], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
+
+
+def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
+    """Issue 7: datasets combine into one vocab map and one training set; variants land side by side."""
+    from draftsmith.io import write_jsonl
+    from draftsmith.synthetic import generate_corpus
+
+    from conftest import copy_inputs
+
+    extra, _ = generate_corpus(60, 1, seed=7)
+    sharegpt = [{"id": r["id"], "conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
+                                                   "value": m["content"]} for m in r["messages"]]} for r in extra]
+    write_jsonl(tmp_path / "extra.jsonl", sharegpt)
+    workdir = copy_inputs(pipeline_run, tmp_path / "w")
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["datasets"] = {"synthetic": {"source": "synthetic"}, "extra": {"source": "local", "path": str(tmp_path / "extra.jsonl")}}
+    config["variants"] = {"default": {}, "deep": {"draft_layers": 2, "epochs": 1}}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    snakemake(workdir)
+
+    r = workdir / "results"
+    freqs = [torch.load(r / "vocab" / d / "token_freq.pt", weights_only=True) for d in ("synthetic", "extra")]
+    combined = torch.load(r / "vocab" / "token_freq.pt", weights_only=True)
+    assert combined == {t: freqs[0].get(t, 0) + freqs[1].get(t, 0) for t in set(freqs[0]) | set(freqs[1])}
+    assert json.loads((r / "prepared" / "extra" / "stats.json").read_text())["records_kept"] == 60
+    manifests = sorted(r.glob("shards/*/shard_*/manifest.json"))
+    assert {m.parent.parent.name for m in manifests} == {"synthetic", "extra"}
+    for variant, layers in (("default", 1), ("deep", 2)):
+        draft = json.loads((r / "draft" / variant / "config.json").read_text())
+        assert draft["transformer_layer_config"]["num_hidden_layers"] == layers
+        assert json.loads((r / "benchmark" / variant / "summary.json").read_text())["variant"] == variant
+    assert sum(json.loads(m.read_text())["num_samples"] for m in manifests) == 160 + 60
+    log = (workdir / "logs" / "train_draft" / "default.log").read_text()
+    match = re.search(r"training on (\d+) samples \(\d+ tokens\) from 4 shards; (\d+) samples held out", log)
+    assert match and int(match.group(1)) + int(match.group(2)) == 160 + 60
+    report = (r / "report" / "report.md").read_text()
+    assert "deep" in report and "extra" in report and "default" in report
