@@ -37,10 +37,6 @@ def canonical(value):
     return value
 
 
-def target_path():
-    return str(R / "target") if EMBEDDED else config["target"]["model"]
-
-
 def target_param(wildcards, input):
     """The target model path handed to scripts (the built directory when embedded)."""
     return input.target[0] if EMBEDDED else config["target"]["model"]
@@ -61,15 +57,6 @@ def dataset_spec(dataset):
 def dataset_input(wildcards):
     spec = dataset_spec(wildcards.dataset)
     return [spec["path"]] if spec["source"] in ("synthetic", "local") else []
-
-
-def uses_synthetic():
-    prompts = config["benchmark"].get("prompts", "heldout")
-    return (
-        EMBEDDED
-        or prompts == "heldout"
-        or any(config["datasets"][d]["source"] == "synthetic" for d in DATASETS)
-    )
 
 
 def shard_manifests(dataset):
