@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.draftsmith-core-installed
 CORES ?= all
-# GPU cap for Snakemake's scheduler: GPU jobs run one per GPU (each pins its own; see draftsmith/gpus.py)
+# GPU cap for Snakemake's scheduler: GPU jobs run one per GPU (each pins its own; see draftsmith/devices.py)
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 PYTEST_ARGS ?=
 

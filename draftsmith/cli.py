@@ -25,7 +25,7 @@ def cmd_validate(args) -> int:
 def cmd_inspect(args) -> int:
     path = Path(args.path)
     if (path / "manifest.json").exists():
-        from draftsmith.shards import load_manifest
+        from draftsmith.extraction.shards import load_manifest
 
         m = load_manifest(path)
         info = {k: m[k] for k in ("format", "backend", "shard", "num_shards", "num_samples", "num_tokens", "aux_layer_ids",
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["preflight"]:  # its own options, parsed by draftsmith.preflight
-        from draftsmith.preflight import main as preflight_main
+    if argv[:1] == ["preflight"]:  # its own options, parsed by draftsmith.vllm_stack.preflight
+        from draftsmith.vllm_stack.preflight import main as preflight_main
 
         return preflight_main(argv[1:])
     args = build_parser().parse_args(argv)

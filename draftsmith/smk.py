@@ -40,7 +40,7 @@ def run(main, snakemake) -> None:
         pass
     log = logging.getLogger(f"draftsmith.rule.{snakemake.rule}")
     log.info("rule %s started (threads=%d)", snakemake.rule, threads)
-    from draftsmith.gpus import claim_gpus
+    from draftsmith.devices import claim_gpus
 
     try:
         with claim_gpus(int(getattr(snakemake.resources, "gpu", 0) or 0)):

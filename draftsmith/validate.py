@@ -27,7 +27,7 @@ def _check(findings: list[Finding], path: Path, fn) -> object:
 
 
 def _check_samples(path: Path):
-    from draftsmith.tokenization import read_samples
+    from draftsmith.data.tokenization import read_samples
 
     samples = read_samples(path)
     stats = json.loads((path.parent / "stats.json").read_text())
@@ -40,7 +40,9 @@ def _check_samples(path: Path):
 
 
 def _check_vocab(vocab: Path):
-    d2t, t2d = np.load(vocab / "d2t.npy"), np.load(vocab / "t2d.npy")
+    from draftsmith.vocab import load_vocab_map
+
+    d2t, t2d = (m.numpy() for m in load_vocab_map(vocab / "d2t.npy", vocab / "t2d.npy"))
     if int(t2d.sum()) != len(d2t) or not np.array_equal(np.flatnonzero(t2d), np.arange(len(d2t)) + d2t):
         raise ValueError("d2t and t2d do not describe the same draft vocabulary")
     return d2t, t2d
@@ -68,7 +70,7 @@ def _check_draft(draft: Path, vocab: tuple | None):
 
 
 def validate_results(results: str | Path) -> list[Finding]:
-    from draftsmith.shards import validate_shard
+    from draftsmith.extraction.shards import validate_shard
 
     results = Path(results)
     findings: list[Finding] = []

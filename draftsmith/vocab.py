@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftsmith.data.tokenization import read_samples
 from draftsmith.io import atomic_path
-from draftsmith.tokenization import read_samples
 
 
 def token_frequencies(samples_path: str | Path) -> dict[int, int]:

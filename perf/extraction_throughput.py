@@ -24,10 +24,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.hidden_states import HFHiddenStateExtractor, resolve_device, resolve_dtype  # noqa: E402
+from draftsmith.devices import resolve_device, resolve_dtype  # noqa: E402
+from draftsmith.extraction.driver import extract_shard  # noqa: E402
+from draftsmith.extraction.hf_backend import HFBackend, HFHiddenStateExtractor  # noqa: E402
+from draftsmith.extraction.shards import serialise_sample  # noqa: E402
 from draftsmith.io import sha256_bytes, write_text  # noqa: E402
-from draftsmith.layers import default_aux_layer_ids  # noqa: E402
-from draftsmith.shards import extract_shard, package_versions, serialise_sample  # noqa: E402
+from draftsmith.provenance import package_versions  # noqa: E402
+from draftsmith.target_model.layers import default_aux_layer_ids  # noqa: E402
+from draftsmith.target_model.spec import TargetSpec  # noqa: E402
 
 PRESETS = {
     # DESIGN.md's reference: 24 layers, hidden 1024, 443M parameters, 192 sequences of 256-2048 tokens
@@ -138,8 +142,10 @@ def main():
     t_batch1 = batch1_loop(extractor, samples, work / "batch1")
     shutil.rmtree(work / "batch1")
     start = time.perf_counter()
-    manifest = extract_shard(samples, "bench", 0, 1, work / "batched", extractor, p["batch_tokens"], p["max_batch"],
-                             {"path": str(target)}, writers=8 if device.type == "cuda" else 2)
+    backend = HFBackend(TargetSpec(str(target)), aux, {"device": str(device), "dtype": args.dtype,
+                        "batch_tokens": p["batch_tokens"], "max_batch_size": p["max_batch"],
+                        "writer_threads": 8 if device.type == "cuda" else 2}, extractor=extractor)
+    manifest = extract_shard(samples, "bench", 0, 1, work / "batched", backend, {"path": str(target)})
     t_batched = time.perf_counter() - start
     bytes_written = sum(e["bytes"] for e in manifest["samples"])
     shutil.rmtree(work / "batched")

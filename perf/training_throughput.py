@@ -24,9 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from draftsmith.extraction.shards import shard_files  # noqa: E402
 from draftsmith.io import read_json, write_text  # noqa: E402
-from draftsmith.shards import package_versions, shard_files  # noqa: E402
-from draftsmith.training import run_training, split_train_val  # noqa: E402
+from draftsmith.provenance import package_versions  # noqa: E402
+from draftsmith.target_model.spec import TargetSpec  # noqa: E402
+from draftsmith.training.trainer import run_training, split_train_val  # noqa: E402
 
 
 class StepTimer(logging.Handler):
@@ -67,7 +69,7 @@ def upstream_recipe(files, val_files, d2t_path, t2d_path, target, cfg, save_path
     from speculators.train.trainer import Trainer, TrainerConfig
     from torch.utils.data import DataLoader
 
-    from draftsmith.draft_model import build_draft
+    from draftsmith.training.draft_model import build_draft
 
     device = torch.device(0)
     d2t = torch.from_numpy(np.load(d2t_path)).to(device)
@@ -93,7 +95,7 @@ def warm_up(files, d2t_path, t2d_path, target, cfg):
     """Compile the draft's forward/backward once so both measured runs find it compiled."""
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
 
-    from draftsmith.draft_model import build_draft
+    from draftsmith.training.draft_model import build_draft
 
     device = torch.device(0)
     aux = read_json(Path(files[0]).parent / "manifest.json")["aux_layer_ids"]
@@ -119,7 +121,7 @@ def main():
     ap.add_argument("--table", default="perf/results/training.md")
     args = ap.parse_args()
     results = Path(args.results)
-    target = args.target or str(results / "target")
+    target = TargetSpec(args.target or str(results / "target"))
     manifests = sorted(str(p) for p in results.glob("shards/*/shard_*/manifest.json"))
     d2t, t2d = str(results / "vocab" / "d2t.npy"), str(results / "vocab" / "t2d.npy")
     cfg = {"draft_layers": 1, "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "lr": 1e-4, "epochs": args.epochs,
@@ -133,7 +135,7 @@ def main():
     compile_s = warm_up(train_files, d2t, t2d, target, cfg)
     with tempfile.TemporaryDirectory() as tmp:
         t_upstream, up = timed(upstream_recipe, train_files, val_files, d2t, t2d, target, cfg, Path(tmp) / "upstream")
-        ours_args = {"manifests": manifests, "d2t": d2t, "t2d": t2d, "target": target, "training": cfg,
+        ours_args = {"manifests": manifests, "d2t": d2t, "t2d": t2d, "target": target.to_dict(), "training": cfg,
                      "state_dir": str(Path(tmp) / "ours"), "variant": "bench", "gpus": 1, "num_workers": 8}
         t_ours, us = timed(run_training, ours_args)
 

@@ -15,16 +15,14 @@ rule benchmark:
         "benchmarks/benchmark/{variant}.tsv"
     conda:
         "../envs/vllm.yaml"
-        if config["benchmark"].get("backend") == "vllm"
+        if config["benchmark"]["backend"] == "vllm"
         else "../envs/core.yaml"
     threads: workflow.cores
     resources:
         gpu=benchmark_gpus(),
         mem_mb=16000,
     params:
-        target=target_param,
-        trust_remote_code=config["target"].get("trust_remote_code", False),
-        revision=config["target"].get("revision"),
+        target=target_spec,
         benchmark=canonical(config["benchmark"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
     script:

@@ -14,7 +14,7 @@ os.environ.update(
     )
 )
 
-R = Path(config.get("results", "results"))
+R = Path(config["results"])
 EMBEDDED = config["target"]["model"] == "embedded"
 DATASETS = sorted(config["datasets"])
 VARIANTS = sorted(config["variants"])
@@ -37,9 +37,19 @@ def canonical(value):
     return value
 
 
-def target_param(wildcards, input):
-    """The target model path handed to scripts (the built directory when embedded)."""
-    return input.target[0] if EMBEDDED else config["target"]["model"]
+def target_spec(wildcards, input):
+    """The target spec that each job loading the target gets, as a dict for TargetSpec.from_dict
+    (draftsmith.target_model.spec): the built directory when embedded, with revision, trust_remote_code and dtype.
+    """
+    target = config["target"]
+    return canonical(
+        {
+            "model": input.target[0] if EMBEDDED else target["model"],
+            "revision": target["revision"],
+            "trust_remote_code": target["trust_remote_code"],
+            "dtype": target["dtype"],
+        }
+    )
 
 
 def target_input():
@@ -75,7 +85,7 @@ def variant_training(variant):
 
 
 def benchmark_prompts_input():
-    prompts = config["benchmark"].get("prompts", "heldout")
+    prompts = config["benchmark"]["prompts"]
     if prompts == "heldout":
         return [str(R / "data" / "synthetic" / "heldout.jsonl")]
     return [prompts["path"]] if prompts["source"] == "local" else []
@@ -91,21 +101,21 @@ def single_device_gpus(device):
 def extraction_gpus():
     ext = config["extraction"]
     if ext["backend"] == "vllm":
-        return ext.get("tensor_parallel_size", 1)
-    return single_device_gpus(ext.get("device", "auto"))
+        return ext["tensor_parallel_size"]
+    return single_device_gpus(ext["device"])
 
 
 def benchmark_gpus():
     bench = config["benchmark"]
-    if bench.get("backend") == "vllm":
-        return bench.get("tensor_parallel_size", 1)
-    return single_device_gpus(bench.get("device", "auto"))
+    if bench["backend"] == "vllm":
+        return bench["tensor_parallel_size"]
+    return single_device_gpus(bench["device"])
 
 
 def training_gpus(variant):
     """training.gpus; 0 means one GPU where one exists (extraction.device: cpu keeps it on the CPU)."""
-    gpus = variant_training(variant).get("gpus", 0)
-    return gpus or single_device_gpus(config["extraction"].get("device", "auto"))
+    gpus = variant_training(variant)["gpus"]
+    return gpus or single_device_gpus(config["extraction"]["device"])
 
 
 def all_outputs():

@@ -12,7 +12,7 @@ rule make_synthetic_corpus:
         gpu=0,
         mem_mb=1000,
     params:
-        synthetic=canonical(config.get("synthetic", {})),
+        synthetic=canonical(config["synthetic"]),
     script:
         "../scripts/make_synthetic_corpus.py"
 
@@ -33,7 +33,7 @@ rule build_target:
         gpu=0,
         mem_mb=4000,
     params:
-        embedded_target=canonical(config.get("embedded_target", {})),
+        embedded_target=canonical(config["embedded_target"]),
     script:
         "../scripts/build_target.py"
 
@@ -56,9 +56,7 @@ rule prepare_dataset:
         mem_mb=8000,
     params:
         spec=lambda wc: dataset_spec(wc.dataset),
-        target=target_param,
-        trust_remote_code=config["target"].get("trust_remote_code", False),
-        revision=config["target"].get("revision"),
+        target=target_spec,
         seq_length=config["seq_length"],
     script:
         "../scripts/prepare_dataset.py"

@@ -18,9 +18,7 @@ rule extract_hidden_states:
         gpu=extraction_gpus(),
         mem_mb=16000,
     params:
-        target=target_param,
-        revision=config["target"].get("revision"),
-        trust_remote_code=config["target"].get("trust_remote_code", False),
+        target=target_spec,
         extraction=canonical(config["extraction"]),
         seq_length=config["seq_length"],
     script:

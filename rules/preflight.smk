@@ -24,6 +24,6 @@ rule preflight:
             for key in ("results", "target", "extraction", "benchmark", "vocab")
             if key in config
         },
-        target=target_param,
+        target=target_spec,
     script:
         "../scripts/preflight.py"

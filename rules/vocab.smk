@@ -35,8 +35,6 @@ rule vocab_map:
         mem_mb=2000,
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        target=target_param,
-        revision=config["target"].get("revision"),
-        trust_remote_code=config["target"].get("trust_remote_code", False),
+        target=target_spec,
     script:
         "../scripts/vocab_map.py"

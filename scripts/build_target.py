@@ -1,9 +1,9 @@
 import json
 from pathlib import Path
 
-from draftsmith.embedded_target import build_embedded_target
 from draftsmith.io import atomic_dir, write_json
 from draftsmith.smk import run
+from draftsmith.target_model.embedded import build_embedded_target
 
 
 def main(smk):
@@ -11,7 +11,7 @@ def main(smk):
     with open(smk.input.train) as f:
         conversations = [json.loads(line)["messages"] for line in f]
     with atomic_dir(smk.output[0]) as tmp:
-        info = build_embedded_target(conversations, cfg, cfg.get("seed", 0), Path(tmp))
+        info = build_embedded_target(conversations, cfg, cfg["seed"], Path(tmp))
         write_json(Path(tmp) / "draftsmith_target.json", {"config": cfg, **info})
 
 

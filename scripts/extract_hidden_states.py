@@ -1,7 +1,8 @@
 from pathlib import Path
 
-from draftsmith.extraction import extract
+from draftsmith.extraction.driver import extract
 from draftsmith.smk import run
+from draftsmith.target_model.spec import TargetSpec
 
 
 def main(smk):
@@ -9,9 +10,7 @@ def main(smk):
         samples_path=smk.input.samples,
         shard=int(smk.wildcards.shard),
         shard_dir=Path(smk.output.manifest).parent,
-        target=smk.params.target,
-        revision=smk.params.revision,
-        trust_remote_code=smk.params.trust_remote_code,
+        target=TargetSpec.from_dict(smk.params.target),
         cfg=smk.params.extraction,
     )
 

@@ -1,6 +1,6 @@
+from draftsmith.data.synthetic import generate_corpus
 from draftsmith.io import write_jsonl
 from draftsmith.smk import run
-from draftsmith.synthetic import generate_corpus
 
 
 def main(smk):

@@ -1,13 +1,12 @@
-from draftsmith.models import load_tokenizer
+from draftsmith.data.tokenization import prepare_dataset
 from draftsmith.smk import run
-from draftsmith.tokenization import prepare_dataset
+from draftsmith.target_model.spec import TargetSpec
 
 
 def main(smk):
-    tokenizer = load_tokenizer(smk.params.target, smk.params.trust_remote_code, smk.params.revision)
     prepare_dataset(
         smk.params.spec,
-        tokenizer,
+        TargetSpec.from_dict(smk.params.target).load_tokenizer(),
         smk.params.seq_length,
         smk.output.samples,
         smk.output.stats,

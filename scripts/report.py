@@ -1,4 +1,4 @@
-from draftsmith.report import build_report
+from draftsmith.report.build import build_report
 from draftsmith.smk import run
 
 

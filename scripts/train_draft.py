@@ -1,5 +1,6 @@
 from draftsmith.smk import run
-from draftsmith.training import train_draft
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.trainer import train_draft
 
 
 def main(smk):
@@ -7,7 +8,7 @@ def main(smk):
         manifests=list(smk.input.manifests),
         d2t=smk.input.d2t,
         t2d=smk.input.t2d,
-        target=smk.params.target,
+        target=TargetSpec.from_dict(smk.params.target),
         training=smk.params.training,
         state_dir=smk.params.state_dir,
         variant=smk.wildcards.variant,

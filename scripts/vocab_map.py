@@ -3,14 +3,14 @@ import logging
 import torch
 
 from draftsmith.io import torch_save
-from draftsmith.models import load_text_config
 from draftsmith.smk import run
+from draftsmith.target_model.spec import TargetSpec
 from draftsmith.vocab import build_vocab_map, combine_frequencies, save_npy
 
 
 def main(smk):
     freq = combine_frequencies([torch.load(p, weights_only=True) for p in smk.input.freqs])
-    target_vocab = load_text_config(smk.params.target, smk.params.trust_remote_code, smk.params.revision).vocab_size
+    target_vocab = TargetSpec.from_dict(smk.params.target).load_text_config().vocab_size
     d2t, t2d = build_vocab_map(freq, smk.params.draft_vocab_size, target_vocab)
     covered = sum(c for t, c in freq.items() if t2d[t]) / max(1, sum(freq.values()))
     logging.getLogger("draftsmith.vocab").info(

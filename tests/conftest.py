@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
@@ -33,6 +34,16 @@ TINY_CONFIG = {
                   "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3,
                   "device": "cpu", "dtype": "float32", "seed": 0},
 }
+
+
+def hf_backend(target_dir, aux, extractor=None, batch_tokens=1024, max_batch_size=4, writers=2):
+    """The hf extraction backend on the CPU in float32 (an `extractor` already loaded may be handed in)."""
+    from draftsmith.extraction.hf_backend import HFBackend  # imports torch: not at conftest import time
+    from draftsmith.target_model.spec import TargetSpec
+
+    cfg = {"device": "cpu", "dtype": "float32", "batch_tokens": batch_tokens, "max_batch_size": max_batch_size,
+           "writer_threads": writers}
+    return HFBackend(TargetSpec(str(target_dir)), aux, cfg, extractor=extractor)
 
 
 def write_config(workdir: Path, overrides: dict | None = None) -> Path:
@@ -79,8 +90,8 @@ def pipeline_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained)."""
-    from draftsmith.embedded_target import build_embedded_target
-    from draftsmith.synthetic import generate_corpus
+    from draftsmith.data.synthetic import generate_corpus
+    from draftsmith.target_model.embedded import build_embedded_target
 
     out = tmp_path_factory.mktemp("tiny_target")
     train, _ = generate_corpus(120, 1, seed=0)
@@ -94,9 +105,9 @@ def tiny_samples(tiny_target, tmp_path_factory) -> Path:
     """Prepared samples (Parquet) of a small synthetic dataset for `tiny_target`."""
     from transformers import AutoTokenizer
 
+    from draftsmith.data.synthetic import generate_corpus
+    from draftsmith.data.tokenization import prepare_dataset
     from draftsmith.io import write_jsonl
-    from draftsmith.synthetic import generate_corpus
-    from draftsmith.tokenization import prepare_dataset
 
     out = tmp_path_factory.mktemp("tiny_samples")
     train, _ = generate_corpus(40, 1, seed=3)

@@ -1,4 +1,4 @@
-"""Benchmark metric arithmetic on hand-made decoding traces, through draftsmith.bench_results."""
+"""Benchmark metric arithmetic on hand-made decoding traces, through draftsmith.benchmark.results."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from draftsmith.bench_results import write_results
-from draftsmith.spec_decode import Trace, cut_output
+from draftsmith.benchmark.results import write_results
+from draftsmith.benchmark.spec_decode import Trace, cut_output
 
 K = 3
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from draftsmith.chat_data import BadRecord, iter_records, normalise
+from draftsmith.data.chat_data import BadRecord, iter_records, normalise
 
 
 def test_sharegpt_and_openai_records_normalise_to_the_same_messages():

@@ -2,11 +2,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO, snakemake, write_config
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from conftest import REPO, snakemake, write_config
-from draftsmith.config_docs import render
+from draftsmith.config.docs import render
 
 SCHEMA = str(REPO / "config" / "schema" / "config.schema.yaml")
 
@@ -16,7 +16,7 @@ def load(path: Path) -> dict:
 
 
 def test_config_readme_is_generated_from_the_schema():
-    assert (REPO / "config" / "README.md").read_text() == render(SCHEMA), "run: python -m draftsmith.config_docs > config/README.md"
+    assert (REPO / "config" / "README.md").read_text() == render(SCHEMA), "run: python -m draftsmith.config.docs > config/README.md"
 
 
 @pytest.mark.parametrize("path", [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "examples").glob("*.yaml"))],

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, SNAKEMAKE, copy_inputs, snakemake
+
 from draftsmith.io import sha256_file
 
 SHARD = "results/shards/synthetic/shard_0"

@@ -2,11 +2,11 @@ import subprocess
 import sys
 import time
 
-from draftsmith.gpus import claim_gpus, visible_devices
+from draftsmith.devices import claim_gpus, visible_devices
 
 HOLD = """
 import sys, time
-from draftsmith.gpus import claim_gpus
+from draftsmith.devices import claim_gpus
 with claim_gpus(int(sys.argv[1]), poll_s=0.05) as ids:
     print(",".join(ids), flush=True)
     time.sleep(float(sys.argv[2]))

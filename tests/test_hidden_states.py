@@ -1,9 +1,9 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.hidden_states import HFHiddenStateExtractor, plan_batches
-from draftsmith.layers import default_aux_layer_ids, find_decoder, resolve_aux_layer_ids
-from draftsmith.tokenization import read_samples
+from draftsmith.data.tokenization import read_samples
+from draftsmith.extraction.hf_backend import HFHiddenStateExtractor, plan_batches
+from draftsmith.target_model.layers import default_aux_layer_ids, find_decoder, resolve_aux_layer_ids
 
 AUX = [1, 3, 4]
 

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import torch
 import yaml
-
 from conftest import REPO, SNAKEMAKE, snakemake, write_config
+
+from draftsmith.data.tokenization import read_samples
+from draftsmith.extraction.shards import validate_shard
 from draftsmith.io import sha256_file
-from draftsmith.shards import validate_shard
-from draftsmith.tokenization import read_samples
 
 
 def jobs_planned(proc) -> dict[str, int]:
@@ -96,10 +96,10 @@ def test_workflow_lints_clean():
 
 def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
     """Issue 7: datasets combine into one vocab map and one training set; variants land side by side."""
-    from draftsmith.io import write_jsonl
-    from draftsmith.synthetic import generate_corpus
-
     from conftest import copy_inputs
+
+    from draftsmith.data.synthetic import generate_corpus
+    from draftsmith.io import write_jsonl
 
     extra, _ = generate_corpus(60, 1, seed=7)
     sharegpt = [{"id": r["id"], "conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),

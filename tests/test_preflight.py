@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, SNAKEMAKE, TINY_CONFIG
-from draftsmith import vllm_compat as compat
-from draftsmith.preflight import main, run_preflight
+
+from draftsmith.vllm_stack import compat, source
+from draftsmith.config.workflow import validate
+from draftsmith.vllm_stack.preflight import main, run_preflight
 
 CONFIG = {**copy.deepcopy(TINY_CONFIG), "target": {"model": "embedded", "revision": None, "trust_remote_code": False},
           "datasets": {"synthetic": {"source": "synthetic"}}, "variants": {"default": {}}}
@@ -40,10 +41,11 @@ def llama(tmp_path) -> Path:
 
 
 def config(**sections) -> dict:
+    """A workflow config as preflight gets it: validated, every default filled in."""
     cfg = copy.deepcopy(CONFIG)
     for key, value in sections.items():
         cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
-    return cfg
+    return validate(cfg)
 
 
 def vllm_config(**sections) -> dict:
@@ -71,7 +73,7 @@ def test_preflight_is_fast_and_loads_no_weights(llama):
     code = textwrap.dedent(f"""
         import sys, time
         start = time.perf_counter()
-        from draftsmith.preflight import run_preflight
+        from draftsmith.vllm_stack.preflight import run_preflight
         sys.path.insert(0, {str(REPO / 'tests')!r})
         from test_preflight import vllm_config
         report = run_preflight(vllm_config(), {str(llama)!r}, tokens=1000, gpus=1)
@@ -121,7 +123,7 @@ def test_vllm_backends_check_gpus_and_layer_zero(llama):
     assert "1 visible GPU(s) for tensor_parallel_size=2" in " ".join(report.problems)
 
 
-needs_vllm = pytest.mark.skipif(compat.package_dir("vllm") is None,
+needs_vllm = pytest.mark.skipif(source.package_dir("vllm") is None,
                                 reason="vLLM is not installed here; the fix probes read its source")
 
 
@@ -165,8 +167,8 @@ include: "{repo}/rules/preflight.smk"
 
 def test_snakemake_preflight_rule(tiny_target, tmp_path):
     """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then writes preflight.json."""
+    from draftsmith.data.synthetic import generate_corpus
     from draftsmith.io import write_jsonl
-    from draftsmith.synthetic import generate_corpus
 
     train, _ = generate_corpus(20, 1, seed=5)
     write_jsonl(tmp_path / "chats.jsonl", train)

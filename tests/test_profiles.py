@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, SNAKEMAKE, write_config
 
 pytest.importorskip("snakemake_executor_plugin_slurm", reason="install envs/plugins.lock.txt for the profile tests")

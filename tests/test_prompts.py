@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
+from draftsmith.data.prompts import load_prompts
+from draftsmith.data.synthetic import generate_corpus
 from draftsmith.io import write_jsonl
-from draftsmith.prompts import load_prompts
-from draftsmith.synthetic import generate_corpus
 
 
 def test_heldout_prompts_are_system_plus_first_user_turn(tmp_path):
@@ -49,7 +49,7 @@ def test_sharegpt_and_prompt_only_records_and_bad_ones_are_skipped_by_name(tmp_p
         {"id": "bad-turns", "turns": []},
     ]
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n{not json\n")
-    with caplog.at_level(logging.WARNING, logger="draftsmith.prompts"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.prompts"):
         prompts = load_prompts(str(path), 10)
     assert prompts == [
         {"prompt_id": "sg", "messages": [{"role": "user", "content": "Hi there"}]},

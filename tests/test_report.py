@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from draftsmith.bench_results import accept_columns, write_results
+from draftsmith.benchmark.results import accept_columns, write_results
 from draftsmith.io import read_json, sha256_file, write_jsonl
-from draftsmith.report import FIGURES, ReportInputError, build_report, fmt
+from draftsmith.report.build import FIGURES, ReportInputError, build_report, fmt
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,7 +79,7 @@ def write_benchmark(out_dir: Path, variant: str, backend: str, seed: int) -> dic
 
 def write_metrics(path: Path, variant: str, seed: int) -> None:
     """Log records shaped like speculators' Trainer logs them, through draftsmith's real metrics.csv writer."""
-    from draftsmith.training import MetricsCSV
+    from draftsmith.training.trainer import MetricsCSV
 
     logger = logging.getLogger(f"test_report.metrics.{variant}")
     logger.setLevel(logging.INFO)
@@ -105,11 +105,12 @@ def write_metrics(path: Path, variant: str, seed: int) -> None:
 
 
 def make_inputs(root: Path) -> dict:
-    from draftsmith.draft_model import build_draft_config
-    from draftsmith.embedded_target import build_model, train_tokenizer
-    from draftsmith.extraction import extract
-    from draftsmith.synthetic import generate_corpus
-    from draftsmith.tokenization import prepare_dataset
+    from draftsmith.data.synthetic import generate_corpus
+    from draftsmith.data.tokenization import prepare_dataset
+    from draftsmith.extraction.driver import extract
+    from draftsmith.target_model.embedded import build_model, train_tokenizer
+    from draftsmith.target_model.spec import TargetSpec
+    from draftsmith.training.draft_model import build_draft_config
 
     results = root / "results"
     train, _ = generate_corpus(48, 1, seed=0)
@@ -135,12 +136,12 @@ def make_inputs(root: Path) -> dict:
         prepare_dataset({"source": "local", "path": str(path)}, tokenizer, 96, out / "samples.parquet",
                         out / "stats.json", name=name)
         for shard in range(NUM_SHARDS):
-            extract(out / "samples.parquet", shard, results / "shards" / name / f"shard_{shard}", str(target), None,
-                    False, {"backend": "hf", "num_shards": NUM_SHARDS, "device": "cpu", "dtype": "float32",
-                            "writer_threads": 1})
+            extract(out / "samples.parquet", shard, results / "shards" / name / f"shard_{shard}", TargetSpec(str(target)),
+                    {"backend": "hf", "num_shards": NUM_SHARDS, "device": "cpu", "dtype": "float32", "writer_threads": 1,
+                     "batch_tokens": 2048, "max_batch_size": 64, "aux_layer_ids": None})
     for seed, (variant, v) in enumerate(VARIANTS.items()):
         draft_dir = results / "draft" / variant
-        build_draft_config(str(target), 256, v["draft_layers"], [1, 2, 2], K).save_pretrained(draft_dir)
+        build_draft_config(TargetSpec(str(target)), 256, v["draft_layers"], [1, 2, 2], K).save_pretrained(draft_dir)
         write_metrics(draft_dir / "metrics.csv", variant, seed)
         write_benchmark(results / "benchmark" / variant, variant, v["backend"], seed)
     return {

@@ -2,11 +2,14 @@ import json
 
 import pytest
 import torch
+from conftest import hf_backend
 
-from draftsmith.hidden_states import HFHiddenStateExtractor
+from draftsmith.data.tokenization import read_samples
+from draftsmith.extraction.driver import extract_shard
+from draftsmith.extraction.hf_backend import HFHiddenStateExtractor
+from draftsmith.extraction.shards import JOURNAL, MANIFEST, ShardError, shard_files, validate_shard
 from draftsmith.io import sha256_file
-from draftsmith.shards import JOURNAL, MANIFEST, ShardError, extract_shard, model_fingerprint, shard_files, validate_shard
-from draftsmith.tokenization import read_samples
+from draftsmith.provenance import model_fingerprint
 
 AUX = [1, 3, 4]
 
@@ -32,8 +35,8 @@ class FailingExtractor(HFHiddenStateExtractor):
 def run(tiny_target, tiny_samples, shard_dir, extractor=None, shard=0, num_shards=2):
     samples = read_samples(tiny_samples)
     extractor = extractor or HFHiddenStateExtractor(str(tiny_target), AUX, device="cpu", dtype="float32")
-    return extract_shard(samples, sha256_file(tiny_samples), shard, num_shards, shard_dir, extractor,
-                         batch_tokens=1024, max_batch_size=4, model_info=model_fingerprint(tiny_target), writers=2)
+    return extract_shard(samples, sha256_file(tiny_samples), shard, num_shards, shard_dir,
+                         hf_backend(tiny_target, AUX, extractor), model_info=model_fingerprint(tiny_target))
 
 
 @pytest.fixture(scope="module")

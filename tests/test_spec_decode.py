@@ -14,11 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from draftsmith.draft_model import build_draft
-from draftsmith.embedded_target import build_embedded_target
-from draftsmith.io import write_jsonl
-from draftsmith.prompts import load_prompts
-from draftsmith.spec_decode import (
+from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
     PromptLookupProposer,
     TargetModel,
@@ -28,7 +24,12 @@ from draftsmith.spec_decode import (
     speculative_decode,
     use_sdpa,
 )
-from draftsmith.synthetic import generate_corpus
+from draftsmith.data.prompts import load_prompts
+from draftsmith.data.synthetic import generate_corpus
+from draftsmith.io import write_jsonl
+from draftsmith.target_model.embedded import build_embedded_target
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.draft_model import build_draft
 from draftsmith.vocab import build_vocab_map
 
 AUX = [1, 3, 4]
@@ -58,8 +59,8 @@ def tiny(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(target_dir, attn_implementation="sdpa").eval()
     target = TargetModel(model, AUX)
     assert target._own_mask  # verification steps take the cheaper causal-mask path; the tests cover it
-    untrained = build_draft(str(target_dir), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=0).eval()
-    trained = build_draft(str(target_dir), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=1)
+    untrained = build_draft(TargetSpec(str(target_dir)), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=0).eval()
+    trained = build_draft(TargetSpec(str(target_dir)), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=1)
     train_step0(trained, target, sequences[:48], steps=80)
     stop = {tokenizer.eos_token_id}
     return {
@@ -109,7 +110,7 @@ def test_draft_chain_matches_speculators_training_forward(tiny):
     Eagle3DraftModel.forward (the TTT loop it trains) predicts at the same position and step."""
     tokenizer = tiny["tokenizer"]
     d2t, t2d = tiny["untrained"].d2t, tiny["untrained"].t2d
-    draft = build_draft(str(tiny["target_dir"]), d2t, t2d, 1, AUX, seed=3).eval()
+    draft = build_draft(TargetSpec(str(tiny["target_dir"])), d2t, t2d, 1, AUX, seed=3).eval()
     torch.manual_seed(0)
     with torch.no_grad():  # spread the lm_head so that argmaxes differ between positions and steps
         draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight))
@@ -177,8 +178,8 @@ def test_generation_stops_at_eos_and_at_max_new_tokens(tiny):
 
 
 def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
-    from draftsmith.draft_model import load_draft  # noqa: F401  (the loader the benchmark uses)
-    from draftsmith.offline_benchmark import run_offline_benchmark
+    from draftsmith.benchmark.offline import run_offline_benchmark
+    from draftsmith.training.draft_model import load_draft  # noqa: F401  (the loader the benchmark uses)
 
     draft_dir = tiny["root"] / "draft"
     tiny["trained"].save_pretrained(draft_dir)
@@ -187,7 +188,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
            "dtype": "float32", "seed": 0}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
     out = tiny["root"] / "bench"
-    summary = run_offline_benchmark(str(tiny["target_dir"]), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
+    summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
                                     out / "summary.json", "default")
     assert summary == json.loads((out / "summary.json").read_text())
     for method in ("prompt_lookup", "untrained_draft", "eagle3_draft"):
@@ -202,5 +203,5 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     rows = pd.read_csv(out / "per_prompt.csv")
     assert len(rows) == 3 * 4 and list(rows.columns[-2:]) == ["accept_pos_1", "accept_pos_2"]
     with pytest.raises(ValueError, match="batch_size"):
-        run_offline_benchmark(str(tiny["target_dir"]), str(draft_dir), prompts, {**cfg, "batch_size": 4},
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_size": 4},
                               out / "x.csv", out / "x.json", "default")

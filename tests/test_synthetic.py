@@ -1,4 +1,4 @@
-from draftsmith.synthetic import TASKS, generate_corpus
+from draftsmith.data.synthetic import TASKS, generate_corpus
 
 
 def test_corpus_is_seeded_varied_and_heldout_is_disjoint():

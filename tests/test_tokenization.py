@@ -3,9 +3,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from draftsmith.embedded_target import train_tokenizer
-from draftsmith.synthetic import generate_corpus
-from draftsmith.tokenization import prepare_dataset, read_samples, tokenize_conversation
+from draftsmith.data.synthetic import generate_corpus
+from draftsmith.data.tokenization import prepare_dataset, read_samples, tokenize_conversation
+from draftsmith.target_model.embedded import train_tokenizer
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"

@@ -3,15 +3,19 @@ import csv
 import numpy as np
 import pytest
 import torch
+from conftest import hf_backend
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from draftsmith.attention import dense_mask, dense_mask_sdpa_forward, flex_attention_trains_on
-from draftsmith.draft_model import build_draft, load_draft
-from draftsmith.hidden_states import HFHiddenStateExtractor
+from draftsmith.data.tokenization import read_samples
+from draftsmith.extraction.driver import extract_shard
+from draftsmith.extraction.hf_backend import HFHiddenStateExtractor
+from draftsmith.extraction.shards import MANIFEST
 from draftsmith.io import sha256_file
-from draftsmith.shards import MANIFEST, extract_shard, model_fingerprint
-from draftsmith.tokenization import read_samples
-from draftsmith.training import TrainingInputError, check_inputs, train_draft
+from draftsmith.provenance import model_fingerprint
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.attention import dense_mask, dense_mask_sdpa_forward, flex_attention_trains_on
+from draftsmith.training.draft_model import build_draft, load_draft
+from draftsmith.training.trainer import TrainingInputError, check_inputs, train_draft
 from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
 
 AUX = [1, 3, 4]
@@ -52,8 +56,8 @@ def training_inputs(tiny_target, tiny_samples, tmp_path_factory):
     extractor = HFHiddenStateExtractor(str(tiny_target), AUX, device="cpu", dtype="float32")
     manifests = []
     for shard in range(2):
-        extract_shard(samples, sha256_file(tiny_samples), shard, 2, root / f"shard_{shard}", extractor, 1024, 8,
-                      model_fingerprint(tiny_target), writers=2)
+        extract_shard(samples, sha256_file(tiny_samples), shard, 2, root / f"shard_{shard}",
+                      hf_backend(tiny_target, AUX, extractor, 1024, 8), model_fingerprint(tiny_target))
         manifests.append(str(root / f"shard_{shard}" / MANIFEST))
     d2t, t2d = build_vocab_map(token_frequencies(tiny_samples), 256, 512)
     save_npy(root / "d2t.npy", d2t)
@@ -63,7 +67,7 @@ def training_inputs(tiny_target, tiny_samples, tmp_path_factory):
 
 def train(inputs, tiny_target, name, **overrides):
     out = inputs["root"] / name
-    train_draft(inputs["manifests"], inputs["d2t"], inputs["t2d"], str(tiny_target), {**TRAINING, **overrides},
+    train_draft(inputs["manifests"], inputs["d2t"], inputs["t2d"], TargetSpec(str(tiny_target)), {**TRAINING, **overrides},
                 str(out / "state"), name, 0, str(out / "config.json"), str(out / "model.safetensors"),
                 str(out / "metrics.csv"))
     with open(out / "metrics.csv") as f:
@@ -76,7 +80,7 @@ def test_target_logits_seen_by_the_trainer_equal_the_targets_own(training_inputs
 
     d2t = torch.from_numpy(np.load(training_inputs["d2t"]))
     t2d = torch.from_numpy(np.load(training_inputs["t2d"]))
-    draft = build_draft(str(tiny_target), d2t, t2d, 1, AUX)
+    draft = build_draft(TargetSpec(str(tiny_target)), d2t, t2d, 1, AUX)
     target = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
     shard = training_inputs["manifests"][0].removesuffix(MANIFEST)
     data = torch.load(shard + "data_0.pt", weights_only=True)
@@ -126,11 +130,11 @@ def test_mismatched_inputs_are_refused(training_inputs, tiny_target, tmp_path):
     d2t = torch.from_numpy(np.load(training_inputs["d2t"]))
     t2d = torch.from_numpy(np.load(training_inputs["t2d"]))
     with pytest.raises(TrainingInputError, match="no shard manifests"):
-        check_inputs([], d2t, t2d, str(tiny_target))
+        check_inputs([], d2t, t2d, TargetSpec(str(tiny_target)))
     with pytest.raises(TrainingInputError, match="t2d marks 256 tokens but d2t has 255"):
-        check_inputs(training_inputs["manifests"], d2t[:-1], t2d, str(tiny_target))
+        check_inputs(training_inputs["manifests"], d2t[:-1], t2d, TargetSpec(str(tiny_target)))
     with pytest.raises(TrainingInputError, match="t2d covers 511 tokens"):
-        check_inputs(training_inputs["manifests"], d2t, t2d[:-1], str(tiny_target))
+        check_inputs(training_inputs["manifests"], d2t, t2d[:-1], TargetSpec(str(tiny_target)))
     import json
     import shutil
 
@@ -140,4 +144,4 @@ def test_mismatched_inputs_are_refused(training_inputs, tiny_target, tmp_path):
     config["rms_norm_eps"] = 1e-6
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(TrainingInputError, match="different target model"):
-        check_inputs(training_inputs["manifests"], d2t, t2d, str(other))
+        check_inputs(training_inputs["manifests"], d2t, t2d, TargetSpec(str(other)))

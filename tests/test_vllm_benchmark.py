@@ -14,9 +14,22 @@ import time
 import pandas as pd
 import pytest
 
-from draftsmith.bench_results import COLUMNS, accept_columns
-from draftsmith.vllm_benchmark import (ServerError, VllmServer, counter_delta, free_port, parse_prometheus,
-                                       run_vllm_benchmark, serve_command, spec_decode_counters, speculative_config)
+from draftsmith.benchmark.results import COLUMNS, accept_columns
+from draftsmith.config.workflow import section_defaults
+from draftsmith.benchmark.vllm_server import (
+    BASELINE_FILE,
+    ServerError,
+    VllmServer,
+    counter_delta,
+    free_port,
+    parse_prometheus,
+    root_cause,
+    run_vllm_benchmark,
+    serve_command,
+    spec_decode_counters,
+    speculative_config,
+)
+from draftsmith.target_model.spec import TargetSpec
 
 # What vLLM 0.16's /metrics serves for spec decoding (SpecDecodingProm through prometheus_client, labels
 # model_name and engine; generated with vllm.v1.spec_decode.metrics), for two engines (data parallel),
@@ -61,19 +74,19 @@ VLLM_METRICS = textwrap.dedent('''\
     process_max_fds 20000.0
     ''')
 
-CFG = {"num_speculative_tokens": 3, "max_new_tokens": 16, "temperature": 0.0, "concurrency": 1, "seed": 0,
+CFG = {**section_defaults("benchmark"), "backend": "vllm", "num_speculative_tokens": 3, "max_new_tokens": 16, "temperature": 0.0, "concurrency": 1, "seed": 0,
        "server_timeout_s": 60}
 
 
 def test_serve_command_and_speculative_config():
-    cmd = serve_command("org/target", CFG, 8123, "results/draft/default", trust_remote_code=True, revision="abc")
+    cmd = serve_command(TargetSpec("org/target", revision="abc", trust_remote_code=True), CFG, 8123, "results/draft/default")
     assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/target"]
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"model": "results/draft/default", "num_speculative_tokens": 3, "method": "eagle3"}
     assert spec == speculative_config("results/draft/default", 3)
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--revision") + 1] == "abc"
     assert "--trust-remote-code" in cmd and cmd[cmd.index("--generation-config") + 1] == "vllm"
-    baseline = serve_command("org/target", CFG, 8123)
+    baseline = serve_command(TargetSpec("org/target"), CFG, 8123)
     assert "--speculative-config" not in baseline and "--trust-remote-code" not in baseline
 
 
@@ -86,7 +99,8 @@ def test_vllm_own_cli_parser_accepts_the_command(monkeypatch):
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform())  # the parser builds default configs
-    cmd = serve_command("org/target", {**CFG, "tensor_parallel_size": 2, "max_model_len": 4096}, 8123, "d", True)
+    cmd = serve_command(TargetSpec("org/target", trust_remote_code=True),
+                        {**CFG, "tensor_parallel_size": 2, "max_model_len": 4096}, 8123, "d")
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[4:])
     engine = AsyncEngineArgs.from_cli_args(args)
     assert args.model_tag == "org/target" and args.port == 8123 and args.served_model_name == ["target"]
@@ -202,7 +216,7 @@ def stand_in(tmp_path):
     pidfiles = []
 
     def make_command(mode=None):
-        def command(target, cfg, port, draft_dir=None, trust_remote_code=False, revision=None):
+        def command(target, cfg, port, draft_dir=None):
             pidfiles.append(tmp_path / f"child_{len(pidfiles)}.pid")
             return [sys.executable, str(script), str(port), mode or ("spec" if draft_dir else "base"), str(pidfiles[-1])]
         return command
@@ -236,7 +250,7 @@ PROMPTS = [{"prompt_id": f"p{i}", "messages": [{"role": "user", "content": f"que
 
 def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
     out = tmp_path / "bench"
-    summary = run_vllm_benchmark("target", "draft", PROMPTS, CFG, out / "per_prompt.csv", out / "summary.json", "default",
+    summary = run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, CFG, out / "per_prompt.csv", out / "summary.json", "default",
                                  make_command=stand_in())
     df = pd.read_csv(out / "per_prompt.csv")
     assert list(df.columns) == COLUMNS + accept_columns(3)
@@ -251,7 +265,10 @@ def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
     assert written["backend"] == "vllm" and written["num_speculative_tokens"] == 3 and written["num_prompts"] == 3
     methods = written["methods"]
     assert methods["eagle3_draft"]["per_position_acceptance"] == [1.0, 0.0, 0.0]
-    assert methods["eagle3_draft"]["mean_acceptance_length_counters"] == 2.0
+    # one acceptance-length definition: tokens per target forward (16 new tokens over 1 prefill + 9 drafts)
+    assert "mean_acceptance_length_counters" not in methods["eagle3_draft"] and "acceptance_length" in written
+    assert methods["eagle3_draft"]["acceptance_length"] == pytest.approx(48 / (3 + 9))
+    assert written["device"].startswith("cpu: ") and written["device"].endswith("(vllm serve)")  # no GPU here
     assert methods["target_greedy"]["speedup"] == 1.0 and methods["eagle3_draft"]["new_tokens"] == 48
     assert (out / "vllm_serve_eagle3_draft.log").exists()
     assert all(wait_dead(int(p.read_text())) for p in stand_in.pidfiles)  # both servers' process groups are gone
@@ -259,7 +276,7 @@ def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
 
 def test_concurrent_requests_report_aggregate_acceptance(stand_in, tmp_path):
     cfg = {**CFG, "concurrency": 3}
-    summary = run_vllm_benchmark("target", "draft", PROMPTS, cfg, tmp_path / "pp.csv", tmp_path / "s.json", "default",
+    summary = run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, cfg, tmp_path / "pp.csv", tmp_path / "s.json", "default",
                                  make_command=stand_in())
     spec = summary["methods"]["eagle3_draft"]
     assert spec["counters"]["drafts"] == 2 + 3 + 4
@@ -273,7 +290,7 @@ def test_concurrent_requests_report_aggregate_acceptance(stand_in, tmp_path):
 
 def test_server_is_stopped_when_the_run_fails(stand_in, tmp_path):
     with pytest.raises(ServerError, match="chat completion failed \\(500\\)"):
-        run_vllm_benchmark("target", "draft", PROMPTS, CFG, tmp_path / "pp.csv", tmp_path / "s.json", "default",
+        run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, CFG, tmp_path / "pp.csv", tmp_path / "s.json", "default",
                            make_command=stand_in("fail"))
     assert wait_dead(int(stand_in.pidfiles[0].read_text()))
     assert not (tmp_path / "s.json").exists()
@@ -284,3 +301,47 @@ def test_server_that_exits_reports_the_end_of_its_log(tmp_path):
     with pytest.raises(ServerError, match="(?s)exited with code 3.*Eagle3 is only supported"):
         with VllmServer(cmd, free_port(), tmp_path / "serve.log", timeout_s=30):
             pass
+
+
+# How vllm serve 0.16 logs an engine that dies at start-up (the CPU worker refusing a speculative config)
+ENGINE_LOG = """\
+(APIServer pid=4200) INFO 12-03 06:00:00 [api_server.py:1] vLLM API server version 0.16.0
+(EngineCore_DP0 pid=4242) ERROR 12-03 06:00:01 [core.py:708] EngineCore failed to start.
+(EngineCore_DP0 pid=4242) ERROR 12-03 06:00:01 [core.py:708] Traceback (most recent call last):
+(EngineCore_DP0 pid=4242) ERROR 12-03 06:00:01 [core.py:708]   File "cpu_model_runner.py", line 40, in __init__
+(EngineCore_DP0 pid=4242) ERROR 12-03 06:00:01 [core.py:708]     assert self.speculative_config is None
+(EngineCore_DP0 pid=4242) ERROR 12-03 06:00:01 [core.py:708] AssertionError
+(APIServer pid=4200) Traceback (most recent call last):
+(APIServer pid=4200)   File "vllm", line 8, in <module>
+(APIServer pid=4200) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def test_root_cause_is_the_engine_exception_not_the_api_server_wrapper():
+    assert root_cause(ENGINE_LOG) == "AssertionError at `assert self.speculative_config is None`"
+    assert root_cause("Traceback (most recent call last):\n  File 'x'\nValueError: bad\n") == "ValueError: bad"
+    assert root_cause("INFO all fine\n") is None
+
+
+def test_draft_server_failure_keeps_the_target_only_run_for_the_rerun(stand_in, tmp_path):
+    script = tmp_path / "engine_dies.py"
+    script.write_text(f"import sys\nprint({ENGINE_LOG!r}, end='')\nsys.exit(1)\n")
+    working = stand_in()
+
+    def draft_dies(target, cfg, port, draft_dir=None):
+        return [sys.executable, str(script)] if draft_dir else working(target, cfg, port, draft_dir)
+
+    out = tmp_path / "bench"
+    args = (TargetSpec("target"), "draft", PROMPTS, CFG, out / "per_prompt.csv", out / "summary.json", "default")
+    with pytest.raises(ServerError, match="(?s)root cause: AssertionError at `assert self.speculative_config is None`"
+                                          ".*target-only run is kept"):
+        run_vllm_benchmark(*args, make_command=draft_dies)
+    assert not (out / "summary.json").exists() and (out / BASELINE_FILE).exists()
+    started = len(stand_in.pidfiles)
+    summary = run_vllm_benchmark(*args, make_command=working)
+    assert len(stand_in.pidfiles) == started + 1, "the rerun starts only the draft's server"
+    assert summary["methods"]["target_greedy"]["prompts"] == 3 and summary["methods"]["eagle3_draft"]["prompts"] == 3
+    changed = {**CFG, "max_new_tokens": 8}
+    run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, changed, out / "per_prompt.csv", out / "summary.json",
+                       "default", make_command=working)
+    assert len(stand_in.pidfiles) == started + 3, "other settings measure the target-only run again"

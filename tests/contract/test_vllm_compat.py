@@ -18,23 +18,34 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM 0.16.0 is not installed here; `make test` installs envs/contract.txt")
 
+from conftest import hf_backend  # noqa: E402
 from vllm.config import DeviceConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.kv_cache_utils import (_get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups,  # noqa: E402
-                                         unify_hybrid_kv_cache_specs)
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    _get_kv_cache_groups_uniform_spec,
+    get_kv_cache_config_from_groups,
+    unify_hybrid_kv_cache_specs,
+)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from draftsmith import vllm_compat as compat  # noqa: E402
-from draftsmith.hidden_states import HFHiddenStateExtractor  # noqa: E402
+from draftsmith.data.tokenization import read_samples  # noqa: E402
+from draftsmith.extraction.driver import extract_shard  # noqa: E402
+from draftsmith.extraction.hf_backend import HFHiddenStateExtractor  # noqa: E402
+from draftsmith.extraction.shards import ShardError, validate_shard  # noqa: E402
+from draftsmith.extraction.vllm_backend import (  # noqa: E402
+    CaptureError,
+    FixedVllmHiddenStatesGenerator,
+    VllmBackend,
+    build_vllm_config,
+)
 from draftsmith.io import sha256_file  # noqa: E402
-from draftsmith.shards import ShardError, extract_shard, model_fingerprint, validate_shard  # noqa: E402
-from draftsmith.tokenization import read_samples  # noqa: E402
-from draftsmith.vllm_extraction import (CaptureError, FixedVllmHiddenStatesGenerator, build_vllm_config,  # noqa: E402
-                                        extract_shard_vllm)
+from draftsmith.provenance import model_fingerprint  # noqa: E402
+from draftsmith.target_model.spec import TargetSpec  # noqa: E402
+from draftsmith.vllm_stack import call_sites, compat, source  # noqa: E402
 
 pytestmark = pytest.mark.contract
 AUX = [1, 3, 4]
@@ -146,8 +157,8 @@ def real_object(module: str, qualname: str):
 
 
 def test_parsed_signatures_equal_the_real_ones():
-    for site in compat.call_sites():
-        parsed = compat.params(site.module, site.qualname)
+    for site in call_sites.call_sites():
+        parsed = source.params(site.module, site.qualname)
         real = inspect.signature(real_object(site.module, site.qualname))
         real_params = {n: p.default is inspect.Parameter.empty for n, p in real.parameters.items()
                        if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
@@ -159,8 +170,8 @@ def test_every_fix_applies_to_vllm_0_16():
     assert vllm.__version__.startswith("0.16")
     report = {r["name"]: r for r in compat.fix_report()}
     assert all(r["needed"] and r["applied"] for r in report.values()), [n for n, r in report.items() if not r["applied"]]
-    assert compat.eagle3_target_model_types()[:3] == ["llama", "qwen", "minicpm"]
-    assert "KimiK25ForConditionalGeneration" in compat.registry_archs("_MULTIMODAL_MODELS")
+    assert source.eagle3_target_model_types()[:3] == ["llama", "qwen", "minicpm"]
+    assert "KimiK25ForConditionalGeneration" in source.registry_archs("_MULTIMODAL_MODELS")
 
 
 # ----------------------------------------------------------------------------- configs, KV cache, scheduler, requests
@@ -168,7 +179,7 @@ def test_every_fix_applies_to_vllm_0_16():
 
 def test_vllm_config_of_the_generator(tiny_target):
     config = vllm_config(tiny_target)
-    assert config.parallel_config.worker_extension_cls == "draftsmith.vllm_extraction.CaptureWorkerExtension"
+    assert config.parallel_config.worker_extension_cls == "draftsmith.extraction.vllm_backend.CaptureWorkerExtension"
     assert config.cache_config.enable_prefix_caching is False
     assert config.scheduler_config.async_scheduling is False
     assert config.scheduler_config.enable_chunked_prefill is True
@@ -276,15 +287,17 @@ def test_rpc_reply_indexed_like_a_list_fails(tiny_target, tiny_samples):
 def hf_shard(tiny_target, tiny_samples, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "shard_0"
     extractor = HFHiddenStateExtractor(str(tiny_target), AUX, "cpu", "float32")
-    extract_shard(read_samples(tiny_samples), sha256_file(tiny_samples), 0, 2, out, extractor, 2048, 16,
-                  model_fingerprint(tiny_target))
+    extract_shard(read_samples(tiny_samples), sha256_file(tiny_samples), 0, 2, out,
+                  hf_backend(tiny_target, AUX, extractor, 2048, 16), model_fingerprint(tiny_target))
     return out
 
 
 def vllm_shard(tiny_target, tiny_samples, out, gen):
-    cfg = {"backend": "vllm", "num_shards": 2, "batch_size": 12, "max_model_len": 257}
-    return extract_shard_vllm(read_samples(tiny_samples), sha256_file(tiny_samples), 0, cfg, out, str(tiny_target), AUX,
-                              model_fingerprint(tiny_target), trust_remote_code=False, generator=gen)
+    cfg = {"batch_size": 12, "max_model_len": 257, "tensor_parallel_size": 1, "gpu_memory_utilization": 0.8,
+           "dtype": "auto"}
+    backend = VllmBackend(TargetSpec(str(tiny_target)), AUX, cfg, generator=gen)
+    return extract_shard(read_samples(tiny_samples), sha256_file(tiny_samples), 0, 2, out, backend,
+                         model_fingerprint(tiny_target))
 
 
 def test_vllm_shard_matches_the_hf_shard(tiny_target, tiny_samples, hf_shard, tmp_path):
@@ -292,7 +305,7 @@ def test_vllm_shard_matches_the_hf_shard(tiny_target, tiny_samples, hf_shard, tm
     manifest = vllm_shard(tiny_target, tiny_samples, tmp_path / "shard_0", generator(tiny_target, 400))
     validate_shard(tmp_path / "shard_0", samples, deep=True)
     hf_manifest = validate_shard(hf_shard, samples, deep=True)
-    assert manifest["backend"] == "vllm" and set(hf_manifest) <= set(manifest)
+    assert manifest["backend"] == "vllm" and set(hf_manifest) - {"hf"} == set(manifest) - {"vllm"}
     for key in ("format", "layer_ids", "layer_convention", "hidden_size", "num_states", "dtype", "num_samples", "num_tokens"):
         assert manifest[key] == hf_manifest[key], key
     for ours, theirs in zip(manifest["samples"], hf_manifest["samples"]):
@@ -373,8 +386,12 @@ def tp_group():
     import socket
 
     from vllm.config import set_current_vllm_config
-    from vllm.distributed.parallel_state import (destroy_distributed_environment, destroy_model_parallel,
-                                                 init_distributed_environment, initialize_model_parallel)
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -390,8 +407,9 @@ def tp_group():
 
 def run_step(worker, req_ids, chunks):
     """One model-runner step: `chunks` are (request's computed tokens, its token ids this step), rows in order."""
-    import numpy as np
     from types import SimpleNamespace
+
+    import numpy as np
 
     runner = worker.model_runner
     ids = torch.tensor([t for _, toks in chunks for t in toks])
@@ -408,7 +426,7 @@ def run_step(worker, req_ids, chunks):
 def test_worker_captures_layer_inputs_per_request_inside_a_multimodal_wrapper(tp_group):
     from types import SimpleNamespace
 
-    from draftsmith.vllm_extraction import CaptureWorkerExtension, pair_chunks
+    from draftsmith.extraction.vllm_backend import CaptureWorkerExtension, pair_chunks
 
     torch.manual_seed(0)
     decoder = VllmStyleDecoder()

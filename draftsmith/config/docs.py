@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -11,10 +12,11 @@ HEADER = """# Configuration
 `config/config.yaml` is the embedded default; `config/examples/` has real runs. Every key is
 validated against `config/schema/config.schema.yaml` when the workflow starts; an unknown key or a
 wrong type stops the run with the schema path of the bad key. This page is generated from that
-schema (`python -m draftsmith.config_docs > config/README.md`); a test keeps it current.
+schema (`python -m draftsmith.config.docs > config/README.md`); a test keeps it current. The schema
+is the only place defaults live: validation fills them in, for the workflow and the `draftsmith` CLI alike.
 
-| key | type | description |
-| --- | --- | --- |
+| key | type | default | description |
+| --- | --- | --- | --- |
 """
 
 
@@ -32,7 +34,8 @@ def _rows(node: dict, prefix: str, definitions: dict):
         node = definitions[node["$ref"].split("/")[-1]]
     for key, child in node.get("properties", {}).items():
         name = f"{prefix}{key}"
-        yield f"| `{name}` | {_type(child)} | {child.get('description', '')} |"
+        default = f"`{json.dumps(child['default'])}`" if "default" in child and child["default"] != {} else ""
+        yield f"| `{name}` | {_type(child)} | {default} | {child.get('description', '')} |"
         yield from _rows(child, f"{name}.", definitions)
     extra = node.get("additionalProperties")
     if isinstance(extra, dict):
@@ -45,4 +48,4 @@ def render(schema_path: str | Path) -> str:
 
 
 if __name__ == "__main__":
-    print(render(Path(__file__).resolve().parents[1] / "config" / "schema" / "config.schema.yaml"), end="")
+    print(render(Path(__file__).resolve().parents[2] / "config" / "schema" / "config.schema.yaml"), end="")

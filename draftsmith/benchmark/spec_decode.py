@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from draftsmith.layers import find_decoder, text_config
+from draftsmith.target_model.layers import find_decoder, text_config
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Trace:
     seconds: float = 0.0
 
     def counts(self, k: int) -> dict:
-        """Row fields of `draftsmith.bench_results` (rounds without a proposal are not drafts)."""
+        """Row fields of `draftsmith.benchmark.results` (rounds without a proposal are not drafts)."""
         if any(p > k for p in self.proposed):
             raise ValueError(f"a round proposed more than k={k} draft tokens: {max(self.proposed)}")
         if any(a > p for a, p in zip(self.accepted, self.proposed)):

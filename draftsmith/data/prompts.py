@@ -3,14 +3,14 @@
 Accepted sources:
 - a JSONL path: our held-out file (`{"id", "task", "messages"}`), any OpenAI/ShareGPT-style
   records, or MT-bench-style questions (`{"question_id", "turns": [str, ...]}`, first turn used);
-- a dataset spec dict as accepted by `draftsmith.chat_data.iter_records` (local or hub).
+- a dataset spec dict as accepted by `draftsmith.data.chat_data.iter_records` (local or hub).
 """
 
 from __future__ import annotations
 
 import logging
 
-from draftsmith.chat_data import BadRecord, RawRecord, iter_records, normalise
+from draftsmith.data.chat_data import BadRecord, RawRecord, iter_records, normalise
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ comes from the responses (completion tokens over request time); acceptance from 
 Prometheus spec-decode counters. At concurrency 1 the counters are read before and after each
 request, so every prompt gets its own acceptance; at higher concurrency only the totals are
 known and go into the summary. The server is always stopped (its whole process group), also
-when something fails. Results are the tables of draftsmith.bench_results, as for the offline backend.
+when something fails. Results are the tables of draftsmith.benchmark.results, as for the offline backend.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,9 +23,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
-from draftsmith.bench_results import BASELINE, accept_columns, finish_rows, summarise
-from draftsmith.io import atomic_path, write_json
+from draftsmith.benchmark.results import BASELINE, accept_columns, finish_rows, summarise
+from draftsmith.devices import gpu_name
+from draftsmith.io import atomic_path, read_json, sha256_bytes, write_json
+from draftsmith.provenance import device_description, package_versions
+from draftsmith.target_model.spec import TargetSpec
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,10 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 METHOD = "eagle3_draft"
+BASELINE_FILE = "target_only_run.json"
+# the one definition used in every summary (the offline backend's too); vLLM's own "mean acceptance
+# length", 1 + accepted / drafts, leaves out the prefill's token and is not reported
+ACCEPTANCE_LENGTH = "generated tokens per target forward pass (the prefill and each verification), bonus token included"
 
 
 class ServerError(RuntimeError):
@@ -46,24 +55,24 @@ def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> di
     return {"model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens), "method": "eagle3"}
 
 
-def serve_command(target: str, cfg: dict, port: int, draft_dir: str | Path | None = None,
-                  trust_remote_code: bool = False, revision: str | None = None) -> list[str]:
+def serve_command(target: TargetSpec, cfg: dict, port: int, draft_dir: str | Path | None = None) -> list[str]:
     """The `vllm serve` command line for the target, with the draft as EAGLE-3 speculator when given."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(target),
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", target.model,
            "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", "target",
-           "--seed", str(cfg.get("seed", 0)),
-           "--tensor-parallel-size", str(cfg.get("tensor_parallel_size", 1)),
-           "--gpu-memory-utilization", str(cfg.get("gpu_memory_utilization", 0.9)),
-           "--max-num-seqs", str(max(1, cfg.get("concurrency", 1))),
+           "--seed", str(cfg["seed"]),
+           "--tensor-parallel-size", str(cfg["tensor_parallel_size"]),
+           "--gpu-memory-utilization", str(cfg["gpu_memory_utilization"]),
+           "--max-num-seqs", str(max(1, cfg["concurrency"])),
            "--generation-config", "vllm"]  # ignore the model's sampling defaults: greedy is asked per request
-    if cfg.get("dtype", "auto") != "auto":
-        cmd += ["--dtype", cfg["dtype"]]
-    if cfg.get("max_model_len"):
+    dtype = target.stage_dtype(cfg["dtype"])
+    if dtype != "auto":
+        cmd += ["--dtype", dtype]
+    if cfg["max_model_len"]:
         cmd += ["--max-model-len", str(cfg["max_model_len"])]
-    if revision:
-        cmd += ["--revision", revision]
-    if trust_remote_code:
+    if target.revision:
+        cmd += ["--revision", target.revision]
+    if target.trust_remote_code:
         cmd += ["--trust-remote-code"]
     if draft_dir is not None:
         cmd += ["--speculative-config", json.dumps(speculative_config(draft_dir, cfg["num_speculative_tokens"]))]
@@ -130,6 +139,27 @@ def counter_delta(after: dict, before: dict) -> dict:
 # ----------------------------------------------------------------------------- the server
 
 
+# what the API server says when its engine process died: the engine's own exception, logged above it, is the cause
+WRAPPER_ERRORS = ("Engine core initialization failed", "See root cause above", "EngineDeadError")
+# vLLM prefixes a child process's lines with "(EngineCore_DP0 pid=N) " and log records with "ERROR 12-03 06:00:00 [core.py:1] "
+LINE_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ?)?")
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?:: .*)?$")
+
+
+def root_cause(log_text: str) -> str | None:
+    """The exception the first traceback in vllm serve's log ends with, unless it is the API server's wrapper."""
+    lines = [LINE_PREFIX.sub("", line, count=1) for line in log_text.splitlines()]
+    for i, line in enumerate(lines):
+        if not line.startswith("Traceback (most recent call last)"):
+            continue
+        at = next((j for j in range(i + 1, len(lines)) if EXCEPTION_LINE.match(lines[j])), None)
+        if at is None or any(w in lines[at] for w in WRAPPER_ERRORS):
+            continue
+        # an exception without a message (a bare assert): the source line it was raised at says what failed
+        return lines[at] if ": " in lines[at] else f"{lines[at]} at `{lines[at - 1].strip()}`"
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,14 +195,20 @@ class VllmServer:
         except OSError:
             return "(no log)"
 
+    def failure(self, what: str) -> ServerError:
+        """The error for a server that died or hung: the engine's root cause first, then the end of the log."""
+        text = self.log_tail(lines=10**6)
+        cause = root_cause(text)
+        head = f"{what}; root cause: {cause}" if cause else what
+        return ServerError(f"{head}\nend of {self.log_path}:\n" + "\n".join(text.splitlines()[-30:]))
+
     def wait_healthy(self) -> None:
         import requests
 
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"vllm serve exited with code {self.proc.returncode} before becoming healthy; "
-                                  f"end of {self.log_path}:\n{self.log_tail()}")
+                raise self.failure(f"vllm serve exited with code {self.proc.returncode} before becoming healthy")
             try:
                 if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
                     log.info("vllm serve is healthy on port %d", self.port)
@@ -180,7 +216,7 @@ class VllmServer:
             except requests.RequestException:
                 pass
             time.sleep(2)
-        raise ServerError(f"vllm serve was not healthy after {self.timeout_s:.0f} s; end of {self.log_path}:\n{self.log_tail()}")
+        raise self.failure(f"vllm serve was not healthy after {self.timeout_s:.0f} s")
 
     def stop(self, grace_s: float = 30) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -225,8 +261,8 @@ def run_method(server: VllmServer, prompts: list[dict], cfg: dict, method: str, 
     """All prompts on one server; returns the rows and the run's totals (wall seconds, counter deltas)."""
     from tqdm import tqdm
 
-    k, max_tokens, seed = cfg["num_speculative_tokens"], cfg["max_new_tokens"], cfg.get("seed", 0)
-    concurrency = max(1, cfg.get("concurrency", 1))
+    k, max_tokens, seed = cfg["num_speculative_tokens"], cfg["max_new_tokens"], cfg["seed"]
+    concurrency = max(1, cfg["concurrency"])
     server.chat(prompts[0]["messages"], min(8, max_tokens), seed)  # warm-up
     speculative = method == METHOD
     before_all = server.metrics(k) if speculative else None
@@ -265,12 +301,10 @@ def run_method(server: VllmServer, prompts: list[dict], cfg: dict, method: str, 
 
 
 def device_summary(cfg: dict) -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout.split("\n")[0].strip()
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    return f"cuda: {out or 'unknown GPU'} x{cfg.get('tensor_parallel_size', 1)} (vllm serve)"
+    name = gpu_name()
+    if name is None:  # vLLM's CPU platform
+        return f"{device_description(SimpleNamespace(type='cpu'))} (vllm serve)"
+    return f"cuda: {name} x{cfg['tensor_parallel_size']} (vllm serve)"
 
 
 def summarise_runs(rows: list[dict], totals: dict, k: int, concurrency: int) -> tuple:
@@ -285,9 +319,7 @@ def summarise_runs(rows: list[dict], totals: dict, k: int, concurrency: int) -> 
         entry["wall_seconds"] = run["wall_seconds"]
         counters = run.get("counters")
         if counters is not None:
-            drafts = counters["drafts"]
             entry["counters"] = counters
-            entry["mean_acceptance_length_counters"] = 1 + counters["accepted"] / drafts if drafts else None
         if concurrency > 1:
             entry["seconds"] = run["wall_seconds"]
             entry["tokens_per_s"] = entry["new_tokens"] / run["wall_seconds"]
@@ -301,35 +333,57 @@ def summarise_runs(rows: list[dict], totals: dict, k: int, concurrency: int) -> 
     return df, methods
 
 
-def run_vllm_benchmark(target, draft_dir, prompts: list[dict], cfg: dict, out_per_prompt: Path, out_summary: Path,
-                       variant: str, trust_remote_code: bool = False, revision: str | None = None,
-                       make_command=serve_command) -> dict:
+def baseline_fingerprint(target: TargetSpec, prompts: list[dict], cfg: dict) -> str:
+    """Everything the target-only run depends on (the port is chosen per run and left out)."""
+    inputs = {"target": target.to_dict(), "prompts": prompts, "benchmark": {k: v for k, v in cfg.items() if k != "port"}}
+    return sha256_bytes(json.dumps(inputs, sort_keys=True, default=str).encode())
+
+
+def run_vllm_benchmark(target: TargetSpec, draft_dir, prompts: list[dict], cfg: dict, out_per_prompt: Path,
+                       out_summary: Path, variant: str, make_command=serve_command) -> dict:
     """Benchmark target-only and EAGLE-3 serving with vLLM; write per_prompt.csv and summary.json.
 
-    The server logs go beside the summary (vllm_serve_<method>.log).
+    The server logs go beside the summary (vllm_serve_<method>.log). The target-only run is kept beside
+    them (BASELINE_FILE, keyed by a fingerprint of target, prompts and settings) before the draft's
+    server starts, so a draft server that fails costs only its own run: the rerun reuses the baseline.
     """
-    from draftsmith.shards import package_versions
-
-    if cfg.get("temperature", 0.0) != 0.0:
+    if cfg["temperature"] != 0.0:
         raise ValueError("benchmark.temperature: only greedy decoding (0) is measured")
     if not prompts:
         raise ValueError("no benchmark prompts")
     k = cfg["num_speculative_tokens"]
-    concurrency = max(1, cfg.get("concurrency", 1))
+    concurrency = max(1, cfg["concurrency"])
     logs = Path(out_summary).parent
+    kept = logs / BASELINE_FILE
+    fingerprint = baseline_fingerprint(target, prompts, cfg)
+    previous = read_json(kept) if kept.exists() else None
     rows, totals = [], {}
-    for method, draft in ((BASELINE, None), (METHOD, draft_dir)):
-        port = cfg.get("port") or free_port()
-        cmd = make_command(target, cfg, port, draft, trust_remote_code, revision)
-        with VllmServer(cmd, port, logs / f"vllm_serve_{method}.log", cfg.get("server_timeout_s", 1800)) as server:
-            method_rows, totals[method] = run_method(server, prompts, cfg, method, variant)
+    if previous is not None and previous.get("fingerprint") == fingerprint:
+        log.info("reusing the target-only run kept in %s (same target, prompts and settings)", kept)
+        rows, totals[BASELINE] = previous["rows"], previous["totals"]
+    elif previous is not None:
+        log.info("%s was measured with other inputs: measuring the target-only run again", kept)
+    runs = [(METHOD, draft_dir)] if totals else [(BASELINE, None), (METHOD, draft_dir)]
+    for method, draft in runs:
+        port = cfg["port"] or free_port()
+        cmd = make_command(target, cfg, port, draft)
+        try:
+            with VllmServer(cmd, port, logs / f"vllm_serve_{method}.log", cfg["server_timeout_s"]) as server:
+                method_rows, totals[method] = run_method(server, prompts, cfg, method, variant)
+        except ServerError as e:
+            if method == METHOD and BASELINE in totals:
+                raise ServerError(f"{e}\n(the target-only run is kept in {kept} and is reused when this is re-run)") from e
+            raise
         rows += method_rows
+        if method == BASELINE:
+            write_json(kept, {"fingerprint": fingerprint, "rows": method_rows, "totals": totals[BASELINE]})
     df, methods = summarise_runs(rows, totals, k, concurrency)
     with atomic_path(out_per_prompt, suffix=".csv") as tmp:
         df.to_csv(tmp, index=False)
     summary = {"variant": variant, "backend": "vllm", "device": device_summary(cfg), "num_speculative_tokens": k,
                "max_new_tokens": cfg["max_new_tokens"], "num_prompts": len(prompts), "concurrency": concurrency,
-               "speculative_config": speculative_config(draft_dir, k), "methods": methods, "versions": package_versions()}
+               "acceptance_length": ACCEPTANCE_LENGTH, "speculative_config": speculative_config(draft_dir, k),
+               "methods": methods, "versions": package_versions()}
     write_json(out_summary, summary)
     log.info("vllm benchmark: %s", {m: round(e["speedup"], 3) for m, e in methods.items()})
     return summary

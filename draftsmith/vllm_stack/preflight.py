@@ -4,7 +4,7 @@ Each check gives one line: `ok`, `warn` (worth knowing, not fatal) or `FAIL` (a 
 stop the pipeline later, typically after an expensive model load). It reads the target's
 config.json only; vLLM and transformers are read as source (see vllm_compat), not imported.
 
-    python -m draftsmith.preflight --config config/config.yaml       # or: snakemake preflight
+    python -m draftsmith.vllm_stack.preflight --config config/config.yaml       # or: snakemake preflight
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from draftsmith import vllm_compat as compat
+from draftsmith.devices import visible_gpu_count
+from draftsmith.vllm_stack import call_sites, compat, source
 
 # The production stack (envs/vllm.lock.txt). vllm and its torch are checked only where a vllm backend is configured.
 PINS = {
@@ -48,7 +47,7 @@ class Check:
 
 
 @dataclass
-class Report:
+class Verdict:
     checks: list[Check] = field(default_factory=list)
     fixes: list[dict] = field(default_factory=list)
 
@@ -97,24 +96,9 @@ def text_part(config: dict) -> dict:
     return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
 
 
-def visible_gpus() -> int:
-    """GPUs this process may use, from nvidia-smi (no CUDA initialisation), narrowed by CUDA_VISIBLE_DEVICES."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = min(count, len([d for d in visible.split(",") if d.strip() not in ("", "-1")]))
-    return count
-
-
 def transformers_causal_lm_types() -> set[str]:
     """Model types transformers' AutoModelForCausalLM knows, read from its source."""
-    tree = compat.parse_module("transformers.models.auto.modeling_auto")
+    tree = source.parse_module("transformers.models.auto.modeling_auto")
     for node in getattr(tree, "body", []):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" for t in node.targets):
             pairs = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
@@ -139,7 +123,7 @@ def human(n: float) -> str:
 # ----------------------------------------------------------------------------- checks
 
 
-def check_versions(report: Report, uses_vllm: bool) -> None:
+def check_versions(report: Verdict, uses_vllm: bool) -> None:
     from packaging.specifiers import SpecifierSet
 
     for package, pin in PINS.items():
@@ -158,10 +142,10 @@ def check_versions(report: Report, uses_vllm: bool) -> None:
             report.add(name, "warn", f"{version} is installed; pinned {pin} (the compatibility fixes are probed against the installed code)")
 
 
-def check_fixes_and_call_sites(report: Report, disabled_fixes) -> None:
+def check_fixes_and_call_sites(report: Verdict, disabled_fixes) -> None:
     with compat.disabled(*disabled_fixes):
         report.fixes = compat.fix_report()
-        sites = compat.check_call_sites()
+        sites = call_sites.check_call_sites()
     failing_sites = {site.name for site, problems in sites if problems}
     for fix in compat.FIXES:
         entry = next(f for f in report.fixes if f["name"] == fix.name)
@@ -179,27 +163,27 @@ def check_fixes_and_call_sites(report: Report, disabled_fixes) -> None:
             report.add(f"call {site.name}", "fail", "; ".join(problems) + (f" (fix {off[0]} is off)" if off else ""))
     if not failing_sites:
         report.add("call sites", "ok", f"all {len(sites)} vLLM calls of the extraction backend match the installed signatures")
-    missing = compat.check_worker_attributes()
+    missing = call_sites.check_worker_attributes()
     report.add("worker attributes", "fail" if missing else "ok",
                "; ".join(missing) if missing else "the model-runner attributes the capture reads exist in the installed vLLM")
 
 
-def check_target(report: Report, config: dict, target: str) -> dict | None:
+def check_target(report: Verdict, config: dict, target: str) -> dict | None:
     tcfg = config["target"]
     try:
-        raw = read_target_config(target, tcfg.get("revision"))
+        raw = read_target_config(target, tcfg["revision"])
     except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
         report.add("target config", "fail", f"cannot read config.json of {target}: {type(e).__name__}: {e}")
         return None
     text = text_part(raw)
     arch = (raw.get("architectures") or ["?"])[0]
     needs_code = "auto_map" in raw
-    if needs_code and not tcfg.get("trust_remote_code", False):
+    if needs_code and not tcfg["trust_remote_code"]:
         report.add("target trust_remote_code", "fail",
                    f"{target}'s config.json has auto_map (code shipped with the model); set target.trust_remote_code: true "
                    "if you trust that repository")
-    if config["extraction"]["backend"] == "vllm" or config["benchmark"].get("backend") == "vllm":
-        known = set(compat.registry_archs("_TEXT_GENERATION_MODELS")) | set(compat.registry_archs("_MULTIMODAL_MODELS"))
+    if config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm":
+        known = set(source.registry_archs("_TEXT_GENERATION_MODELS")) | set(source.registry_archs("_MULTIMODAL_MODELS"))
         if not known:
             report.add("target architecture (vllm)", "fail", "cannot read vLLM's model registry: is vllm installed?")
         elif arch in known:
@@ -207,7 +191,7 @@ def check_target(report: Report, config: dict, target: str) -> dict | None:
         else:
             report.add("target architecture (vllm)", "warn",
                        f"{arch} is not in vLLM's model registry; vLLM falls back to its Transformers backend")
-    if config["extraction"]["backend"] == "hf" or config["benchmark"].get("backend", "offline") == "offline":
+    if config["extraction"]["backend"] == "hf" or config["benchmark"]["backend"] == "offline":
         if text.get("model_type") in transformers_causal_lm_types() or needs_code:
             report.add("target architecture (hf)", "ok", f"model type {text.get('model_type')!r} loads with transformers")
         else:
@@ -216,16 +200,16 @@ def check_target(report: Report, config: dict, target: str) -> dict | None:
     return text
 
 
-def check_layers_and_vocab(report: Report, config: dict, text: dict) -> None:
-    from draftsmith.layers import resolve_aux_layer_ids
+def check_layers_and_vocab(report: Verdict, config: dict, text: dict) -> None:
+    from draftsmith.target_model.layers import resolve_aux_layer_ids
 
     layers = text.get("num_hidden_layers")
     try:
-        aux = resolve_aux_layer_ids(config["extraction"].get("aux_layer_ids"), layers)
+        aux = resolve_aux_layer_ids(config["extraction"]["aux_layer_ids"], layers)
         report.add("layer ids", "ok" if len(set(aux)) == len(aux) else "warn",
                    f"auxiliary layers {aux} of {layers} decoder layers" + ("" if len(set(aux)) == len(aux) else
                                                                           " (a layer repeats; set extraction.aux_layer_ids)"))
-        uses_vllm_states = config["extraction"]["backend"] == "vllm" or config["benchmark"].get("backend") == "vllm"
+        uses_vllm_states = config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm"
         if 0 in aux and uses_vllm_states:
             report.add("layer ids (vllm)", "fail", "vLLM forms the state entering layer i as hidden_states + residual, "
                        "and there is no residual before layer 0: choose auxiliary layers >= 1")
@@ -240,13 +224,13 @@ def check_layers_and_vocab(report: Report, config: dict, text: dict) -> None:
         report.add("draft vocab", "ok", f"{draft} of the target's {target_vocab} tokens")
 
 
-def check_eagle3_serving(report: Report, config: dict, text: dict) -> None:
-    supported = compat.eagle3_target_model_types()
+def check_eagle3_serving(report: Verdict, config: dict, text: dict) -> None:
+    supported = source.eagle3_target_model_types()
     model_type = text.get("model_type", "?")
-    backend = config["benchmark"].get("backend", "offline")
+    backend = config["benchmark"]["backend"]
     version = installed_version("vllm")
     if supported is None:  # no vLLM here: what the pinned vLLM accepts
-        supported, version = compat.EAGLE3_TARGETS_VLLM_0_16, "0.16.0 (not installed here)"
+        supported, version = source.EAGLE3_TARGETS_VLLM_0_16, "0.16.0 (not installed here)"
     if any(s in model_type for s in supported):
         report.add("eagle3 serving", "ok", f"vLLM {version} serves an EAGLE-3 draft for model type {model_type!r}")
         return
@@ -256,36 +240,36 @@ def check_eagle3_serving(report: Report, config: dict, text: dict) -> None:
     report.add("eagle3 serving", "fail" if backend == "vllm" else "warn", message)
 
 
-def check_gpus(report: Report, config: dict, gpus: int) -> None:
+def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
     ext, bench = config["extraction"], config["benchmark"]
     if ext["backend"] == "vllm":
-        tp = ext.get("tensor_parallel_size", 1)
+        tp = ext["tensor_parallel_size"]
         report.add("gpus (extraction)", "ok" if gpus >= tp else "fail",
                    f"{gpus} visible GPU(s) for tensor_parallel_size={tp}")
     else:
-        device = ext.get("device", "auto")
+        device = ext["device"]
         if device.startswith("cuda") and gpus == 0:
             report.add("gpus (extraction)", "fail", f"extraction.device={device!r} but no CUDA GPU is visible")
         else:
             report.add("gpus (extraction)", "ok", f"{gpus} visible GPU(s); extraction.device={device!r}"
                        + (" runs on the CPU" if gpus == 0 else ""))
-    if bench.get("backend") == "vllm" and gpus == 0:
+    if bench["backend"] == "vllm" and gpus == 0:
         report.add("gpus (benchmark)", "fail", "benchmark.backend=vllm needs a GPU for vllm serve; none is visible")
-    elif bench.get("backend", "offline") == "offline" and str(bench.get("device", "auto")).startswith("cuda") and gpus == 0:
+    elif bench["backend"] == "offline" and bench["device"].startswith("cuda") and gpus == 0:
         report.add("gpus (benchmark)", "fail", f"benchmark.device={bench['device']!r} but no CUDA GPU is visible")
 
 
-def check_disk(report: Report, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
+def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
     if tokens is None:
         report.add("disk", "warn", "token count unknown until the datasets are prepared; shard size not predicted")
         return
     ext = config["extraction"]
-    dtype = ext.get("dtype", "auto")
+    dtype = ext["dtype"]
     on_gpu = ext["backend"] == "vllm" or gpus > 0
     element = 4 if dtype == "float32" or (dtype == "auto" and not on_gpu) else 2
     hidden = text.get("hidden_size", 0)
     predicted = tokens * (STATES_PER_TOKEN * hidden * element + 16)  # + input_ids and loss_mask (int64)
-    where = Path(config.get("results", "results")) / "shards"
+    where = Path(config["results"]) / "shards"
     free = free_bytes(where)
     report.add("disk", "ok" if predicted < free else "fail",
                f"shards need about {human(predicted)} ({tokens} tokens x {STATES_PER_TOKEN} layers x {hidden} hidden x "
@@ -293,15 +277,15 @@ def check_disk(report: Report, config: dict, text: dict, tokens: int | None, gpu
 
 
 def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int | None = None,
-                  gpus: int | None = None) -> Report:
+                  gpus: int | None = None) -> Verdict:
     """All checks for `config` (the workflow config) and the target at `target_path`."""
-    report = Report()
-    uses_vllm = config["extraction"]["backend"] == "vllm" or config["benchmark"].get("backend") == "vllm"
+    report = Verdict()
+    uses_vllm = config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm"
     check_versions(report, uses_vllm)
     if config["extraction"]["backend"] == "vllm" and installed_version("vllm"):
         check_fixes_and_call_sites(report, disabled_fixes)
     text = check_target(report, config, target_path)
-    gpus = visible_gpus() if gpus is None else gpus
+    gpus = visible_gpu_count() if gpus is None else gpus
     if text is not None:
         check_layers_and_vocab(report, config, text)
         check_eagle3_serving(report, config, text)
@@ -321,7 +305,7 @@ def count_tokens(stats_paths) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from draftsmith.workflow_config import load_config
+    from draftsmith.config.workflow import load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=[], metavar="FILE",
@@ -332,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="check as if this fix were off (shows what it prevents)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    results = Path(config.get("results", "results"))
+    results = Path(config["results"])
     target = args.target or (str(results / "target") if config["target"]["model"] == "embedded" else config["target"]["model"])
     tokens = count_tokens([results / "prepared" / d / "stats.json" for d in config["datasets"]])
     report = run_preflight(config, target, args.disable_fix, tokens)

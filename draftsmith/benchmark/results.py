@@ -13,6 +13,8 @@ import pandas as pd
 from draftsmith.io import atomic_path, write_json
 
 BASELINE = "target_greedy"
+# every method a benchmark may report, in the order tables and figures show them
+METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft"]
 COLUMNS = [
     "variant", "backend", "method", "prompt_id", "prompt_tokens", "new_tokens", "target_forwards",
     "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "tokens_per_s", "speedup",

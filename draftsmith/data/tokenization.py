@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from draftsmith.chat_data import BadRecord, iter_records, normalise
+from draftsmith.data.chat_data import BadRecord, iter_records, normalise
 from draftsmith.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)

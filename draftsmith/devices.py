@@ -1,6 +1,6 @@
-"""Pin each GPU job to its own GPUs on a shared machine.
+"""Devices: which GPUs exist and are free, and which torch device and dtype a stage runs on.
 
-Snakemake's `--resources gpu=N` cap bounds how many GPUs running jobs use together, but a local
+Pinning: Snakemake's `--resources gpu=N` cap bounds how many GPUs running jobs use together, but a local
 job is not told which GPUs are free. A job claims GPU indices among the visible ones with
 non-blocking file locks (released by the kernel when the process dies, SIGKILL included) and
 sets CUDA_VISIBLE_DEVICES before CUDA initialises. A job that finds too few free GPUs waits.
@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -22,15 +23,62 @@ from typing import Iterator
 log = logging.getLogger(__name__)
 
 
-def visible_devices() -> list[str]:
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (FileNotFoundError, subprocess.TimeoutExpired):
+def nvidia_smi_gpus() -> list[str]:
+    """Names of the machine's GPUs as nvidia-smi lists them (no CUDA initialisation); [] without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
         return []
-    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _env_devices() -> list[str] | None:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return None
+    return [d.strip() for d in env.split(",") if d.strip() not in ("", "-1")]
+
+
+def visible_devices() -> list[str]:
+    """Ids of the GPUs this process may use: CUDA_VISIBLE_DEVICES where set, else every GPU nvidia-smi lists."""
+    env = _env_devices()
+    return env if env is not None else [str(i) for i in range(len(nvidia_smi_gpus()))]
+
+
+def visible_gpu_count() -> int:
+    """GPUs that exist and that CUDA_VISIBLE_DEVICES lets this process see."""
+    physical = len(nvidia_smi_gpus())
+    env = _env_devices()
+    return physical if env is None else min(physical, len(env))
+
+
+def gpu_name() -> str | None:
+    """The name of the first visible GPU, or None."""
+    names = nvidia_smi_gpus()
+    env = _env_devices()
+    first = int(env[0]) if env and env[0].isdigit() else 0
+    return names[first] if first < len(names) else None
+
+
+def resolve_device(device: str):
+    """`auto` is the first CUDA device where one exists, else the CPU."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device):
+    """`auto` is bfloat16 on a GPU and float32 on the CPU."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
 
 
 def lock_dir() -> Path:

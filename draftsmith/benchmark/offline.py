@@ -14,29 +14,28 @@ import logging
 import torch
 from tqdm import tqdm
 
-from draftsmith.bench_results import BASELINE, write_results
-from draftsmith.draft_model import build_draft, load_draft
-from draftsmith.hidden_states import resolve_device, resolve_dtype
-from draftsmith.layers import resolve_aux_layer_ids, text_config
-from draftsmith.models import load_tokenizer
-from draftsmith.shards import device_description, package_versions
-from draftsmith.spec_decode import (
+from draftsmith.benchmark.results import BASELINE, METHODS, write_results
+from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
     PromptLookupProposer,
     TargetModel,
     greedy_decode,
     speculative_decode,
 )
+from draftsmith.devices import resolve_device, resolve_dtype
+from draftsmith.provenance import device_description, package_versions
+from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.draft_model import build_draft, load_draft
 
 log = logging.getLogger(__name__)
 
-METHODS = ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]
 
 
 def check_settings(cfg: dict) -> None:
-    if cfg.get("temperature", 0.0) != 0:
+    if cfg["temperature"] != 0:
         raise ValueError(f"benchmark.temperature = {cfg['temperature']}: only greedy decoding (0) is measured")
-    if cfg.get("batch_size", 1) != 1:
+    if cfg["batch_size"] != 1:
         raise ValueError(f"benchmark.batch_size = {cfg['batch_size']}: the offline backend runs batch size 1 only "
                          "(use backend: vllm for concurrent requests)")
     for key in ("num_speculative_tokens", "max_new_tokens"):
@@ -61,7 +60,7 @@ def draft_aux_layer_ids(draft, num_layers: int) -> list[int]:
     return resolve_aux_layer_ids(configured, num_layers)
 
 
-def untrained_like(trained, target: str, aux_layer_ids: list[int], k: int, seed: int, trust_remote_code: bool):
+def untrained_like(trained, target: TargetSpec, aux_layer_ids: list[int], k: int, seed: int):
     """A freshly initialised draft with the trained draft's layers, auxiliary layers and vocabulary map."""
     return build_draft(
         target,
@@ -71,33 +70,29 @@ def untrained_like(trained, target: str, aux_layer_ids: list[int], k: int, seed:
         aux_layer_ids=aux_layer_ids,
         num_speculative_tokens=k,
         seed=seed,
-        trust_remote_code=trust_remote_code,
     )
 
 
-def run_offline_benchmark(target: str, draft_dir: str, prompts: list[dict], cfg: dict, out_per_prompt, out_summary,
-                          variant: str, trust_remote_code: bool = False, revision: str | None = None) -> dict:
-    from transformers import AutoModelForCausalLM
-
+def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict], cfg: dict, out_per_prompt, out_summary,
+                          variant: str) -> dict:
     check_settings(cfg)
     k, max_new_tokens = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"])
-    device = resolve_device(cfg.get("device", "auto"))
-    dtype = resolve_dtype(cfg.get("dtype", "auto"), device)
-    seed = int(cfg.get("seed", 0))
+    device = resolve_device(cfg["device"])
+    dtype = resolve_dtype(target.stage_dtype(cfg["dtype"]), device)
+    seed = int(cfg["seed"])
     torch.manual_seed(seed)
 
-    tokenizer = load_tokenizer(target, trust_remote_code, revision)
-    log.info("loading target %s (%s, %s)", target, device, dtype)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, trust_remote_code=trust_remote_code,
-                                                 revision=revision, attn_implementation="sdpa").to(device).eval()
+    tokenizer = target.load_tokenizer()
+    log.info("loading target %s (%s, %s)", target.model, device, dtype)
+    model = target.load_causal_lm(dtype).to(device).eval()
     log.info("loading draft %s", draft_dir)
     trained = load_draft(draft_dir, device, dtype)
     aux_layer_ids = draft_aux_layer_ids(trained, text_config(model.config).num_hidden_layers)
-    untrained = untrained_like(trained, target, aux_layer_ids, k, seed, trust_remote_code)
+    untrained = untrained_like(trained, target, aux_layer_ids, k, seed)
     untrained = untrained.to(device=device, dtype=dtype).eval()
     runner = TargetModel(model, aux_layer_ids)
     stop_ids = stop_token_ids(tokenizer, model)
-    ngram = int(cfg.get("prompt_lookup_ngram", 3))
+    ngram = int(cfg["prompt_lookup_ngram"])
 
     decoders = {
         "target_greedy": lambda ids: greedy_decode(runner, ids, max_new_tokens, stop_ids),

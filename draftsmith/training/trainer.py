@@ -2,7 +2,7 @@
 
 draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
 - CPU: FlexAttention has no backward there, so the draft's layers use the dense-mask SDPA
-  stand-in from `draftsmith.attention`; `torch.compile` of the forward is skipped.
+  stand-in from `draftsmith.training.attention`; `torch.compile` of the forward is skipped.
 - Device moves: the Trainer moves the model with `model.to(local_rank)`, an integer that
   means a CUDA device; draftsmith passes a `torch.device` instead.
 - Resume: the single-process checkpointer loads onto "cuda:0"; draftsmith's subclass loads
@@ -29,9 +29,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from draftsmith.extraction.shards import shard_files, validate_shard
 from draftsmith.io import atomic_path, read_json
-from draftsmith.models import load_text_config
-from draftsmith.shards import model_fingerprint, shard_files, validate_shard
+from draftsmith.provenance import same_model
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.vocab import load_vocab_map
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +45,18 @@ class TrainingInputError(ValueError):
     """Inputs that cannot train a draft for this target; the message says which and why."""
 
 
-def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor, target: str,
-                 trust_remote_code: bool = False) -> dict:
+def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor, target: TargetSpec) -> dict:
     """Check shards, vocab map and target fit together; return the shared shard facts."""
     if not manifest_paths:
         raise TrainingInputError("no shard manifests given: nothing to train on")
-    target_config = load_text_config(target, trust_remote_code)
-    fingerprint = model_fingerprint(target)
+    target_config = target.load_text_config()
+    fingerprint = target.fingerprint()
     facts = None
     for path in manifest_paths:
         m = read_json(path)
         mine = {"aux_layer_ids": m["aux_layer_ids"], "hidden_size": m["hidden_size"]}
-        if m["model"].get("config_sha256") != fingerprint.get("config_sha256") or (
-            "weights_sha256" in fingerprint and m["model"].get("weights_sha256") != fingerprint["weights_sha256"]
-        ):
-            raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target}")
+        if not same_model(m["model"], fingerprint):
+            raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target.model}")
         if facts is None:
             facts = mine
         elif mine != facts:
@@ -88,7 +87,6 @@ def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, s
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from speculators.train.noise_transforms import AddUniformNoise
-
     from torch.utils.data import DataLoader
 
     # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
@@ -199,7 +197,7 @@ def make_trainer_class():
 
 
 def use_cpu_attention(model) -> None:
-    from draftsmith.attention import register
+    from draftsmith.training.attention import register
 
     name = register()
     for layer in model.layers:
@@ -208,19 +206,17 @@ def use_cpu_attention(model) -> None:
 
 def run_training(args: dict) -> None:
     """One training process (all ranks run this under torchrun)."""
-    import numpy as np
     from speculators.train.trainer import TrainerConfig
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed
 
-    from draftsmith.attention import flex_attention_trains_on
-    from draftsmith.draft_model import build_draft
+    from draftsmith.training.attention import flex_attention_trains_on
+    from draftsmith.training.draft_model import build_draft
 
     cfg = args["training"]
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
     use_cuda = args["gpus"] > 0 and torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
-    d2t = torch.from_numpy(np.load(args["d2t"])).to(device)
-    t2d = torch.from_numpy(np.load(args["t2d"])).to(device)
+    d2t, t2d = (m.to(device) for m in load_vocab_map(args["d2t"], args["t2d"]))
     manifests = [read_json(p) for p in args["manifests"]]
     aux_layer_ids = manifests[0]["aux_layer_ids"]
     files = shard_files(args["manifests"])
@@ -230,14 +226,14 @@ def run_training(args: dict) -> None:
              len(train_files), sum(train_lengths), len(manifests), len(val_files))
 
     torch.manual_seed(cfg["seed"])
-    draft = build_draft(args["target"], d2t, t2d, cfg["draft_layers"], aux_layer_ids, cfg["ttt_steps"], cfg["seed"],
-                        args.get("trust_remote_code", False))
+    draft = build_draft(TargetSpec.from_dict(args["target"]), d2t, t2d, cfg["draft_layers"], aux_layer_ids,
+                        cfg["ttt_steps"], cfg["seed"])
     if not flex_attention_trains_on(device):
         log.info("FlexAttention has no backward on %s: using the dense-mask SDPA stand-in, without torch.compile", device)
         use_cpu_attention(draft)
         torch._dynamo.config.disable = True
 
-    num_workers = args.get("num_workers", 0)
+    num_workers = args["num_workers"]
     loader_args = dict(world_size=world_size, rank=rank, seed=cfg["seed"], num_workers=num_workers, pin_memory=use_cuda)
     train_loader = make_loader(train_files, train_lengths, cfg["total_seq_length"], cfg["noise_std"], **loader_args)
     val_loader = make_loader(val_files, val_lengths, cfg["total_seq_length"], 0.0, **loader_args) if val_files else None
@@ -259,7 +255,7 @@ def run_training(args: dict) -> None:
         train_call_kwargs=call_kwargs,
         val_call_kwargs=call_kwargs,
         scheduler_type=cfg["scheduler"],
-        scheduler_warmup_steps=cfg.get("warmup_steps"),
+        scheduler_warmup_steps=cfg["warmup_steps"],
     )
     metric_logger = logging.getLogger("speculators.metrics")
     metric_logger.setLevel(logging.INFO)
@@ -296,24 +292,22 @@ def export_checkpoint(state_dir: Path, epochs: int, out_config: Path, out_weight
             shutil.copyfile(src, tmp)
 
 
-def train_draft(manifests: list[str], d2t: str, t2d: str, target: str, training: dict, state_dir: str, variant: str,
-                gpus: int, out_config: str, out_weights: str, out_metrics: str, trust_remote_code: bool = False) -> None:
+def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, training: dict, state_dir: str, variant: str,
+                gpus: int, out_config: str, out_weights: str, out_metrics: str) -> None:
     """Validate inputs, train (in process, or under torchrun for gpus > 1), export the checkpoint."""
-    import numpy as np
 
-    check_inputs(manifests, torch.from_numpy(np.load(d2t)), torch.from_numpy(np.load(t2d)), target, trust_remote_code)
+    check_inputs(manifests, *load_vocab_map(d2t, t2d), target)
     for m in manifests:
         validate_shard(Path(m).parent, deep=True)
-    args = {"manifests": list(map(str, manifests)), "d2t": str(d2t), "t2d": str(t2d), "target": str(target),
+    args = {"manifests": list(map(str, manifests)), "d2t": str(d2t), "t2d": str(t2d), "target": target.to_dict(),
             "training": training, "state_dir": str(state_dir), "variant": variant, "gpus": gpus,
-            "trust_remote_code": trust_remote_code,
             "num_workers": min(8, max(0, (os.cpu_count() or 1) // max(1, gpus) - 1)) if gpus > 0 else 0}
     if gpus > 1:
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         args_path = Path(state_dir) / "args.json"
         args_path.write_text(json.dumps(args))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-               "-m", "draftsmith.training", str(args_path)]
+               "-m", "draftsmith.training.trainer", str(args_path)]
         log.info("launching FSDP training: %s", " ".join(cmd))
         subprocess.run(cmd, check=True)
     else:
@@ -321,6 +315,6 @@ def train_draft(manifests: list[str], d2t: str, t2d: str, target: str, training:
     export_checkpoint(Path(state_dir), training["epochs"], Path(out_config), Path(out_weights), Path(out_metrics))
 
 
-if __name__ == "__main__":  # torchrun entry point: python -m draftsmith.training ARGS_JSON
+if __name__ == "__main__":  # torchrun entry point: python -m draftsmith.training.trainer ARGS_JSON
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_training(json.loads(Path(sys.argv[1]).read_text()))

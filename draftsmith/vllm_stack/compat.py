@@ -8,9 +8,9 @@ below are what draftsmith's generator calls; each does speculators' original thi
 its fix does not apply (or is disabled for a test), and the fixed thing otherwise. Nothing
 here edits site-packages.
 
-The probes parse source files with `ast` instead of importing them: importing vLLM takes
-tens of seconds and needs its compiled extension, while preflight must answer in seconds
-on any machine. tests/contract/ checks that the parsed signatures equal the real ones.
+The probes read source files (draftsmith.vllm_stack.source) instead of importing them, so
+preflight answers in seconds; draftsmith.vllm_stack.call_sites checks every vLLM call the
+backend makes against the installed signatures.
 """
 
 from __future__ import annotations
@@ -18,144 +18,19 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import importlib.util
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
-# ----------------------------------------------------------------------------- reading installed code
-
-
-@functools.lru_cache(maxsize=None)
-def package_dir(package: str) -> Path | None:
-    """Where a top-level package is installed, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def module_path(module: str) -> Path | None:
-    top, _, rest = module.partition(".")
-    root = package_dir(top)
-    if root is None:
-        return None
-    base = root.joinpath(*rest.split(".")) if rest else root
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def parse_module(module: str) -> ast.Module | None:
-    path = module_path(module)
-    return ast.parse(path.read_text(), filename=str(path)) if path else None
-
-
-def find_def(module: str, qualname: str) -> ast.ClassDef | ast.FunctionDef | None:
-    """The class or function `qualname` ("Class", "Class.method", "function") defined in `module`."""
-    node: ast.AST | None = parse_module(module)
-    for part in qualname.split("."):
-        if node is None:
-            return None
-        body = getattr(node, "body", [])
-        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name == part), None)
-    return node  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class Params:
-    """The parameters a callable takes: name -> required, and whether it accepts **kwargs."""
-
-    where: str
-    required: dict[str, bool]
-    var_keyword: bool = False
-
-    def bind(self, names: list[str]) -> list[str]:
-        """Problems with calling it with these keyword arguments (empty when the call binds)."""
-        problems = [f"missing required argument {n!r}" for n, req in self.required.items() if req and n not in names]
-        if not self.var_keyword:
-            problems += [f"unexpected keyword argument {n!r}" for n in names if n not in self.required]
-        return problems
-
-
-def _function_params(fn: ast.FunctionDef, where: str, drop_self: bool) -> Params:
-    a = fn.args
-    positional = a.posonlyargs + a.args
-    defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    required = {arg.arg: d is None for arg, d in zip(positional, defaults)}
-    required.update({arg.arg: d is None for arg, d in zip(a.kwonlyargs, a.kw_defaults)})
-    if drop_self and positional:
-        required.pop(positional[0].arg)
-    return Params(where, required, a.kwarg is not None)
-
-
-def _is_classvar(annotation: ast.expr) -> bool:
-    return "ClassVar" in ast.unparse(annotation)
-
-
-def _field_init(value: ast.expr | None) -> tuple[bool, bool]:
-    """(in __init__, required) for a dataclass-style field's assigned value."""
-    if value is None:
-        return True, True
-    if isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in ("field", "Field"):
-        for kw in value.keywords:
-            if kw.arg == "init" and isinstance(kw.value, ast.Constant) and kw.value.value is False:
-                return False, False
-        has_default = any(kw.arg in ("default", "default_factory") for kw in value.keywords) or bool(value.args)
-        return True, not has_default
-    return True, False
-
-
-def params(module: str, qualname: str) -> Params | None:
-    """Parameters of a function, a method, or a class's constructor (its __init__, or its
-    dataclass-style annotated fields); None when the installed code has no such name."""
-    node = find_def(module, qualname)
-    where = f"{module}.{qualname}"
-    if node is None:
-        return None
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return _function_params(node, where, drop_self="." in qualname)
-    init = find_def(module, f"{qualname}.__init__")
-    if init is not None:
-        return _function_params(init, where, drop_self=True)
-    required = {}
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and not _is_classvar(stmt.annotation):
-            in_init, req = _field_init(stmt.value)
-            if in_init:
-                required[stmt.target.id] = req
-    return Params(where, required)
-
-
-def field_default(module: str, qualname: str, field: str):
-    """The literal default of a dataclass-style field (ast node when not a literal); KeyError if absent."""
-    node = find_def(module, qualname)
-    for stmt in getattr(node, "body", []):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == field:
-            try:
-                return ast.literal_eval(stmt.value) if stmt.value is not None else None
-            except ValueError:
-                return stmt.value
-    raise KeyError(f"{module}.{qualname} has no field {field!r}")
-
-
-def has_method(module: str, cls: str, method: str) -> bool:
-    return find_def(module, f"{cls}.{method}") is not None
-
-
-def calls_in(module: str, qualname: str) -> list[ast.Call]:
-    node = find_def(module, qualname)
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call)] if node is not None else []
-
-
-def source_of(module: str, qualname: str) -> str:
-    node = find_def(module, qualname)
-    return ast.unparse(node) if node is not None else ""
-
+from draftsmith.vllm_stack.source import (
+    calls_in,
+    field_default,
+    find_def,
+    has_method,
+    params,
+    parse_module,
+    registry_archs,
+    source_of,
+)
 
 # ----------------------------------------------------------------------------- the fixes
 
@@ -378,7 +253,7 @@ FIXES: list[Fix] = [
     Fix("decoder_location",
         "speculators' worker takes the decoder at `model.model`; multimodal wrappers (Kimi-K2.5) keep it at "
         "`model.language_model.model`",
-        "locate it with draftsmith.layers.find_decoder (language_model.model, then model), which names the class "
+        "locate it with draftsmith.target_model.layers.find_decoder (language_model.model, then model), which names the class "
         "when neither exists", _probe_decoder_location, side="worker"),
     Fix("aux_layer_convention",
         "speculators 0.3.0 captures the state after layer i and the last layer before the final norm, one layer "
@@ -426,32 +301,6 @@ def active(name: str) -> bool:
 def fix_report() -> list[dict]:
     return [{"name": f.name, "side": f.side, "needed": probe(f.name).needed, "applied": active(f.name),
              "evidence": probe(f.name).evidence, "problem": f.problem, "remedy": f.remedy} for f in FIXES]
-
-
-@functools.lru_cache(maxsize=None)
-def registry_archs(table: str) -> tuple[str, ...]:
-    """Architecture names in one of vLLM's model-registry tables (e.g. _TEXT_GENERATION_MODELS)."""
-    tree = parse_module("vllm.model_executor.models.registry")
-    for node in getattr(tree, "body", []):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == table for t in targets) and isinstance(node.value, ast.Dict):
-            return tuple(k.value for k in node.value.keys if isinstance(k, ast.Constant))
-    return ()
-
-
-# vLLM 0.16.0's list (config/speculative.py), for machines without vLLM installed
-EAGLE3_TARGETS_VLLM_0_16 = ["llama", "qwen", "minicpm", "gpt_oss", "hunyuan_vl", "hunyuan_v1_dense", "afmoe"]
-
-
-def eagle3_target_model_types() -> list[str] | None:
-    """The target model types the installed vLLM's SpeculativeConfig accepts for method eagle3 (substring
-    match on the text config's model_type); None when vLLM is not installed."""
-    tree = parse_module("vllm.config.speculative")
-    for node in ast.walk(tree) if tree else []:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "eagle3_target_supported"
-                                                for t in node.targets):
-            return list(ast.literal_eval(node.value))
-    return None
 
 
 # ----------------------------------------------------------------------------- what the generator calls
@@ -532,90 +381,6 @@ def step(executor, scheduler, scheduler_output) -> None:
 
 def locate_decoder(model):
     """The decoder stack (with .layers and .norm) of a vLLM model, inside multimodal wrappers too."""
-    from draftsmith.layers import find_decoder
+    from draftsmith.target_model.layers import find_decoder
 
     return find_decoder(model) if active("decoder_location") else model.model
-
-
-# ----------------------------------------------------------------------------- call sites
-
-
-@dataclass(frozen=True)
-class CallSite:
-    name: str
-    module: str
-    qualname: str
-    arguments: list[str]  # keyword arguments draftsmith passes (with the active fixes)
-
-
-def call_sites() -> list[CallSite]:
-    """Every vLLM call the vllm extraction backend makes, with the arguments it passes under the active fixes."""
-    placeholder = type("Placeholder", (), {"cache_config": type("C", (), {"block_size": 16})(),
-                                            "parallel_config": object()})()
-    return [
-        CallSite("ModelConfig", "vllm.config.model", "ModelConfig",
-                 ["model", "tokenizer", "trust_remote_code", "revision", "tokenizer_revision", "dtype", "max_model_len",
-                  "enforce_eager"]),
-        CallSite("CacheConfig", *CACHE_CONFIG, list(cache_config_kwargs(16, 0.9))),
-        CallSite("ParallelConfig", "vllm.config.parallel", "ParallelConfig", ["tensor_parallel_size", "worker_extension_cls"]),
-        CallSite("SchedulerConfig", *SCHEDULER_CONFIG, list(scheduler_config_kwargs(2048, 32, 8192))),
-        CallSite("DeviceConfig", "vllm.config.device", "DeviceConfig", ["device"]),
-        CallSite("VllmConfig", "vllm.config.vllm", "VllmConfig",
-                 ["model_config", "cache_config", "parallel_config", "scheduler_config", "device_config", "load_config"]),
-        CallSite("MultiprocExecutor", *EXECUTOR, ["vllm_config"]),
-        CallSite("collective_rpc", EXECUTOR[0], f"{EXECUTOR[1]}.collective_rpc", ["method", "args", "unique_reply_rank"]),
-        CallSite("execute_model", EXECUTOR[0], f"{EXECUTOR[1]}.execute_model", ["scheduler_output"]),
-        *([CallSite("sample_tokens", EXECUTOR[0], f"{EXECUTOR[1]}.sample_tokens", ["grammar_output"])]
-          if active("sample_after_execute") else []),
-        CallSite("determine_available_memory", "vllm.v1.executor.abstract", "Executor.determine_available_memory", []),
-        CallSite("initialize_from_config", "vllm.v1.executor.abstract", "Executor.initialize_from_config",
-                 ["kv_cache_configs"]),
-        CallSite("unify_hybrid_kv_cache_specs", "vllm.v1.core.kv_cache_utils", "unify_hybrid_kv_cache_specs",
-                 ["kv_cache_spec"]),
-        CallSite("_get_kv_cache_groups_uniform_spec", "vllm.v1.core.kv_cache_utils", "_get_kv_cache_groups_uniform_spec",
-                 ["kv_cache_specs"]),
-        CallSite("get_kv_cache_config_from_groups", *KV_CACHE_FROM_GROUPS,
-                 list(kv_cache_config_kwargs(None, None, None, 0))),
-        CallSite("StructuredOutputManager", "vllm.v1.structured_output", "StructuredOutputManager", ["vllm_config"]),
-        CallSite("Scheduler", *SCHEDULER, list(scheduler_kwargs(placeholder, None, None))),
-        CallSite("Scheduler.add_request", SCHEDULER[0], f"{SCHEDULER[1]}.add_request", ["request"]),
-        CallSite("Scheduler.schedule", SCHEDULER[0], f"{SCHEDULER[1]}.schedule", []),
-        CallSite("Scheduler.get_grammar_bitmask", SCHEDULER[0], f"{SCHEDULER[1]}.get_grammar_bitmask", ["scheduler_output"]),
-        CallSite("Scheduler.update_from_output", SCHEDULER[0], f"{SCHEDULER[1]}.update_from_output",
-                 ["scheduler_output", "model_runner_output"]),
-        CallSite("Request", *REQUEST,
-                 ["request_id", "prompt_token_ids", "sampling_params", "pooling_params", "eos_token_id", "arrival_time"]),
-        CallSite("SamplingParams", "vllm.sampling_params", "SamplingParams", ["max_tokens", "temperature"]),
-    ]
-
-
-def check_call_sites() -> list[tuple[CallSite, list[str]]]:
-    """Each call site with the problems binding its arguments to the installed signature (empty: it binds)."""
-    results = []
-    for site in call_sites():
-        p = params(site.module, site.qualname)
-        problems = [f"{site.module}.{site.qualname} does not exist in the installed code"] if p is None else p.bind(site.arguments)
-        results.append((site, problems))
-    return results
-
-
-# The model-runner state CaptureWorkerExtension reads at each step (vLLM's V1 GPU model runner).
-WORKER_ATTRIBUTES = [
-    ("vllm.v1.worker.gpu_model_runner", "self.input_ids = "),
-    ("vllm.v1.worker.gpu_model_runner", "self.query_start_loc = "),
-    ("vllm.v1.worker.gpu_input_batch", "self.num_computed_tokens_cpu = "),
-    ("vllm.v1.worker.gpu_input_batch", "def req_ids("),
-    ("vllm.v1.worker.gpu_input_batch", "def num_reqs("),
-]
-
-
-def check_worker_attributes() -> list[str]:
-    """Problems with the worker-side attributes the capture relies on (empty when all exist)."""
-    problems = []
-    for module, text in WORKER_ATTRIBUTES:
-        path = module_path(module)
-        if path is None or text not in path.read_text():
-            problems.append(f"{module} has no `{text.strip()}`")
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("", "0"):
-        problems.append("VLLM_USE_V2_MODEL_RUNNER is set; the capture reads the V1 GPU model runner's batch layout")
-    return problems

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.models import load_text_config
+from draftsmith.target_model.spec import TargetSpec
 
 FLEX_ATTENTION = "simple_flex_attention"  # speculators' registered attention function
 
@@ -38,13 +38,13 @@ def layer_config_for(target_config, draft_layers: int):
     return config
 
 
-def build_draft_config(target: str, draft_vocab_size: int, draft_layers: int, aux_layer_ids: list[int],
-                       num_speculative_tokens: int = 3, trust_remote_code: bool = False):
+def build_draft_config(target: TargetSpec, draft_vocab_size: int, draft_layers: int, aux_layer_ids: list[int],
+                       num_speculative_tokens: int = 3):
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
 
-    target_config = load_text_config(target, trust_remote_code)
+    target_config = target.load_text_config()
     return Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config_for(target_config, draft_layers),
         draft_vocab_size=draft_vocab_size,
@@ -55,18 +55,17 @@ def build_draft_config(target: str, draft_vocab_size: int, draft_layers: int, au
             algorithm="eagle3",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=num_speculative_tokens)],
             default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=str(target), architectures=list(target_config.architectures or [])),
+            verifier=VerifierConfig(name_or_path=target.model, architectures=list(target_config.architectures or [])),
         ),
     )
 
 
-def build_draft(target: str, d2t: torch.Tensor, t2d: torch.Tensor, draft_layers: int, aux_layer_ids: list[int],
-                num_speculative_tokens: int = 3, seed: int = 0, trust_remote_code: bool = False):
+def build_draft(target: TargetSpec, d2t: torch.Tensor, t2d: torch.Tensor, draft_layers: int, aux_layer_ids: list[int],
+                num_speculative_tokens: int = 3, seed: int = 0):
     """A freshly initialised Eagle3DraftModel (embeddings and lm_head copied from the target)."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    config = build_draft_config(target, int(d2t.shape[0]), draft_layers, aux_layer_ids, num_speculative_tokens,
-                                trust_remote_code)
+    config = build_draft_config(target, int(d2t.shape[0]), draft_layers, aux_layer_ids, num_speculative_tokens)
     torch.manual_seed(seed)
     return Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
 

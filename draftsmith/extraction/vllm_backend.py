@@ -1,8 +1,10 @@
 """The `vllm` extraction backend: speculators' VllmHiddenStatesGenerator, fixed for vLLM 0.16.
 
+`VllmBackend` is the driver's view of it (see draftsmith.extraction.driver).
+
 `FixedVllmHiddenStatesGenerator` keeps speculators' interface (`generate(token_ids)` returns one
 dict per sequence with `input_ids` and `hidden_states`) and replaces each method that breaks on
-the installed vLLM with one that goes through `draftsmith.vllm_compat` (see docs/VLLM.md).
+the installed vLLM with one that goes through `draftsmith.vllm_stack.compat` (see docs/VLLM.md).
 
 The worker side, `CaptureWorkerExtension`, is mixed into every vLLM GPU worker. It wraps the
 decoder's own forward (located inside multimodal wrappers too) and hooks the auxiliary decoder
@@ -19,30 +21,31 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
-from pathlib import Path
 
 import torch
 from speculators.data_generation.vllm_hidden_states_generator import VLLM_BLOCK_SIZE, VllmHiddenStatesGenerator
 from transformers import AutoConfig, AutoTokenizer
 from vllm.config import CacheConfig, DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
-from vllm.v1.core.kv_cache_utils import (_get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups,
-                                         unify_hybrid_kv_cache_specs)
+from vllm.v1.core.kv_cache_utils import (
+    _get_kv_cache_groups_uniform_spec,
+    get_kv_cache_config_from_groups,
+    unify_hybrid_kv_cache_specs,
+)
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from draftsmith import vllm_compat as compat
-from draftsmith.layers import LAYER_CONVENTION, resolve_aux_layer_ids, text_config
-from draftsmith.models import load_text_config
-from draftsmith.shards import (FORMAT, NUM_STATES, ShardError, ShardWriter, device_description, package_versions,
-                               serialise_sample, shard_indices)
+from draftsmith.devices import gpu_name
+from draftsmith.provenance import device_description
+from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.vllm_stack import compat
 
 log = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "draftsmith.vllm_extraction.CaptureWorkerExtension"
+WORKER_EXTENSION = "draftsmith.extraction.vllm_backend.CaptureWorkerExtension"
 DEFAULT_BATCH_SIZE = 32
 MIN_BATCHED_TOKENS = 8192
 
@@ -238,9 +241,6 @@ class FixedVllmHiddenStatesGenerator(VllmHiddenStatesGenerator):
         self.executor.initialize_from_config([kv_cache_config] * tensor_parallel_size)
         log.info("KV cache: %d blocks of %d tokens", kv_cache_config.num_blocks, self.vllm_config.cache_config.block_size)
 
-    def _create_vllm_config(self, model_path, max_model_len, gpu_memory_utilization, tensor_parallel_size):
-        return build_vllm_config(model_path, max_model_len, gpu_memory_utilization, tensor_parallel_size)
-
     def _setup_capture(self):
         decoder = self.executor.collective_rpc("draftsmith_setup_capture", args=(self.layer_ids,))
         log.info("capturing the inputs of layers %s and the final norm output of %s", self.layer_ids, decoder[0])
@@ -272,90 +272,52 @@ class FixedVllmHiddenStatesGenerator(VllmHiddenStatesGenerator):
         return pair_chunks(request_ids, batch, chunks)
 
 
-# ----------------------------------------------------------------------------- one shard
+# ----------------------------------------------------------------------------- the driver's backend
 
 
-def extract_shard_vllm(samples: dict[str, list], samples_sha256: str, shard: int, cfg: dict, shard_dir: Path,
-                       target: str, aux_layer_ids: list[int], model_info: dict, trust_remote_code: bool,
-                       revision: str | None = None, generator=None) -> dict:
-    """Extract one shard with the vllm backend; return its manifest (same format as the hf backend's)."""
-    from tqdm import tqdm
+class VllmBackend:
+    """Batches of `batch_size` samples in shard order, each one scheduler run of the fixed generator."""
 
-    num_shards = cfg["num_shards"]
-    indices = shard_indices(len(samples["input_ids"]), num_shards, shard)
-    if not indices:
-        raise ShardError(f"{shard_dir}: shard {shard} of {num_shards} has no samples; lower extraction.num_shards")
-    longest = max(indices, key=lambda i: len(samples["input_ids"][i]))
-    max_model_len = cfg.get("max_model_len") or len(samples["input_ids"][longest]) + 1
-    if len(samples["input_ids"][longest]) + 1 > max_model_len:
-        raise ValueError(f"sample {samples['sample_id'][longest]!r} has {len(samples['input_ids'][longest])} tokens; "
-                         f"extraction.max_model_len={max_model_len} must be at least one more")
-    batch_size = cfg.get("batch_size", DEFAULT_BATCH_SIZE)
-    settings = {"tensor_parallel_size": cfg.get("tensor_parallel_size", 1),
-                "gpu_memory_utilization": cfg.get("gpu_memory_utilization", 0.8),
-                "max_model_len": max_model_len, "batch_size": batch_size, "dtype": cfg.get("dtype", "auto")}
-    plan = {"samples_sha256": samples_sha256, "shard": shard, "num_shards": num_shards, "backend": "vllm",
-            "layer_ids": list(aux_layer_ids) + [-1], "model": model_info, **settings}
-    writer = ShardWriter(shard_dir, plan)
-    try:
-        batches = [indices[k: k + batch_size] for k in range(0, len(indices), batch_size)]
-        todo = [b for b in batches if not all(i in writer.done for i in b)]
-        resumed = sum(i in writer.done for i in indices)
-        total_tokens = sum(len(samples["input_ids"][i]) for i in indices)
-        done_tokens = total_tokens - sum(len(samples["input_ids"][i]) for b in todo for i in b)
-        if generator is None and todo:
-            generator = FixedVllmHiddenStatesGenerator(
-                target, aux_layer_ids, max_model_len, settings["gpu_memory_utilization"],
-                settings["tensor_parallel_size"], trust_remote_code, revision, batch_size, settings["dtype"])
-        dtype = None
-        start = time.perf_counter()
-        with tqdm(total=total_tokens, initial=done_tokens, unit="tok", unit_scale=True, desc=f"shard {shard}",
-                  mininterval=5) as bar:
-            for batch in todo:
-                results = generator.generate([samples["input_ids"][i] for i in batch])
-                if len(results) != len(batch):
-                    raise CaptureError(f"{shard_dir}: the generator returned {len(results)} results for {len(batch)} samples")
-                for index, result in zip(batch, results):
-                    ids, mask = samples["input_ids"][index], samples["loss_mask"][index]
-                    dtype = result["hidden_states"][0].dtype
-                    if index not in writer.done:
-                        # the token ids the model saw, so the shard validator can catch a misaligned sample
-                        data = serialise_sample(result["input_ids"].tolist(), mask, result["hidden_states"])
-                        writer.write(index, samples["sample_id"][index], data, len(ids), int(sum(mask)))
-                bar.update(sum(len(samples["input_ids"][i]) for i in batch))
-        seconds = time.perf_counter() - start
-        new_tokens = total_tokens - done_tokens
-        if dtype is None:  # everything was resumed: read the dtype back from a written file
-            dtype = torch.load(Path(shard_dir) / writer.done[indices[0]]["file"], weights_only=True)["hidden_states"][0].dtype
-        manifest = {
-            "format": FORMAT,
-            "shard": shard,
-            "num_shards": num_shards,
-            "backend": "vllm",
-            "layer_ids": plan["layer_ids"],
-            "aux_layer_ids": list(aux_layer_ids),
-            "layer_convention": LAYER_CONVENTION,
-            "hidden_size": load_text_config(target, trust_remote_code, revision).hidden_size,
-            "num_states": NUM_STATES,
-            "dtype": str(dtype).replace("torch.", ""),
-            "model": model_info,
-            "samples_sha256": samples_sha256,
-            "num_samples": len(indices),
-            "num_tokens": total_tokens,
-            "device": _device(settings["tensor_parallel_size"]),
-            "versions": package_versions(),
-            "extraction_seconds": round(seconds, 3),
-            "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 and new_tokens else None,
-            "resumed_samples": resumed,
-            "vllm": {**settings, "fixes_applied": [f["name"] for f in compat.fix_report() if f["applied"]]},
-        }
-        writer.finish(manifest, indices)
-    finally:
-        writer.close()
-    return manifest
+    name = "vllm"
 
+    def __init__(self, target: TargetSpec, aux_layer_ids: list[int], cfg: dict, generator=None):
+        self.target, self.aux_layer_ids, self.generator = target, list(aux_layer_ids), generator
+        self.max_model_len = cfg["max_model_len"]
+        self.settings = {"tensor_parallel_size": cfg["tensor_parallel_size"],
+                         "gpu_memory_utilization": cfg["gpu_memory_utilization"],
+                         "max_model_len": cfg["max_model_len"], "batch_size": cfg["batch_size"],
+                         "dtype": target.stage_dtype(cfg["dtype"]),
+                         "fixes_applied": [f["name"] for f in compat.fix_report() if f["applied"]]}
 
-def _device(tensor_parallel_size: int) -> str:
-    if torch.cuda.is_available():
-        return f"{device_description(torch.device('cuda', 0))} x{tensor_parallel_size} (vLLM tensor parallel)"
-    return device_description(torch.device("cpu"))
+    def plan_batches(self, lengths: list[int]) -> list[list[int]]:
+        longest = max(lengths)
+        if self.max_model_len is None:  # the shard's longest sample, plus the one token vLLM samples
+            self.max_model_len = self.settings["max_model_len"] = longest + 1
+        if longest + 1 > self.max_model_len:
+            raise ValueError(f"a sample of this shard has {longest} tokens; extraction.max_model_len={self.max_model_len} "
+                             "must be at least one more")
+        size = self.settings["batch_size"]
+        return [list(range(k, min(k + size, len(lengths)))) for k in range(0, len(lengths), size)]
+
+    def extract(self, batches, token_ids, on_sample, progress):
+        if self.generator is None:
+            s = self.settings
+            self.generator = FixedVllmHiddenStatesGenerator(
+                self.target.model, self.aux_layer_ids, self.max_model_len, s["gpu_memory_utilization"],
+                s["tensor_parallel_size"], self.target.trust_remote_code, self.target.revision, s["batch_size"],
+                s["dtype"])
+        for batch in batches:
+            results = self.generator.generate([token_ids[i] for i in batch])
+            if len(results) != len(batch):
+                raise CaptureError(f"the generator returned {len(results)} results for {len(batch)} samples")
+            for index, result in zip(batch, results):
+                on_sample(index, result["input_ids"].tolist(), lambda r=result: r["hidden_states"])
+            progress(sum(len(token_ids[i]) for i in batch))
+
+    def device(self) -> str:
+        if torch.cuda.is_available():
+            return f"cuda: {gpu_name() or torch.cuda.get_device_name(0)} x{self.settings['tensor_parallel_size']} (vLLM tensor parallel)"
+        return device_description(torch.device("cpu"))
+
+    def close(self):
+        self.generator = None

@@ -1,4 +1,4 @@
-"""Hidden-state extraction with the Hugging Face transformers backend (CPU or GPU).
+"""The `hf` extraction backend: a Hugging Face transformers forward pass (CPU or GPU).
 
 Samples are sorted by length and packed into batches under a token budget so little is
 padded. The decoder runs without the lm_head; forward hooks capture the inputs of the
@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.layers import find_decoder, text_config
+from draftsmith.devices import resolve_device, resolve_dtype
+from draftsmith.provenance import device_description
+from draftsmith.target_model.layers import find_decoder, text_config
+from draftsmith.target_model.spec import TargetSpec
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +45,6 @@ def plan_batches(lengths: list[int], batch_tokens: int, max_batch_size: int) -> 
     return batches
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, dtype)
-
-
 @dataclass
 class BatchStates:
     """States of one batch, on the host: `states[layer, row, :length]` belongs to sample `indices[row]`."""
@@ -72,26 +63,13 @@ class BatchStates:
 
 
 class HFHiddenStateExtractor:
-    def __init__(
-        self,
-        model_path: str,
-        aux_layer_ids: list[int],
-        device: str = "auto",
-        dtype: str = "auto",
-        trust_remote_code: bool = False,
-        revision: str | None = None,
-    ):
-        from transformers import AutoModelForCausalLM
+    """The target's decoder with hooks that capture the auxiliary layers' inputs and the final norm's output."""
 
+    def __init__(self, target: TargetSpec | str, aux_layer_ids: list[int], device: str = "auto", dtype: str = "auto"):
+        target = target if isinstance(target, TargetSpec) else TargetSpec(str(target))
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_path,
-            dtype=self.dtype,
-            trust_remote_code=trust_remote_code,
-            revision=revision,
-            attn_implementation="sdpa",
-        )
+        self.dtype = resolve_dtype(target.stage_dtype(dtype), self.device)
+        model = target.load_causal_lm(self.dtype)
         self.config = text_config(model.config)
         self.decoder = find_decoder(model).to(self.device).eval()
         del model  # the lm_head is not needed
@@ -172,3 +150,38 @@ def run_batches(extractor: HFHiddenStateExtractor, samples: list[list[int]], bat
         for futures in in_flight:
             for f in futures:
                 f.result()
+
+
+class HFBackend:
+    """The driver's view of the hf backend (see draftsmith.extraction.driver): batches packed under a token budget."""
+
+    name = "hf"
+
+    def __init__(self, target: TargetSpec, aux_layer_ids: list[int], cfg: dict, extractor: HFHiddenStateExtractor | None = None):
+        self.target, self.aux_layer_ids = target, list(aux_layer_ids)
+        self.device_name, self.batch_tokens = cfg["device"], cfg["batch_tokens"]
+        self.max_batch_size, self.writers = cfg["max_batch_size"], cfg["writer_threads"]
+        self._extractor = extractor
+        device = resolve_device(self.device_name)
+        self.settings = {"dtype": str(resolve_dtype(target.stage_dtype(cfg["dtype"]), device)),
+                         "batch_tokens": self.batch_tokens, "max_batch_size": self.max_batch_size}
+
+    @property
+    def extractor(self) -> HFHiddenStateExtractor:
+        if self._extractor is None:  # loaded only when something is left to extract
+            self._extractor = HFHiddenStateExtractor(self.target, self.aux_layer_ids, self.device_name,
+                                                     self.settings["dtype"].removeprefix("torch."))
+        return self._extractor
+
+    def plan_batches(self, lengths: list[int]) -> list[list[int]]:
+        return plan_batches(lengths, self.batch_tokens, self.max_batch_size)
+
+    def extract(self, batches, token_ids, on_sample, progress):
+        run_batches(self.extractor, token_ids, batches,
+                    lambda index, get_states: on_sample(index, None, get_states), self.writers, progress)
+
+    def device(self) -> str:
+        return device_description(resolve_device(self.device_name))
+
+    def close(self):
+        self._extractor = None

@@ -1,0 +1,1 @@
+"""Hidden-state extraction: one driver (journal, progress, manifest, validation) and its backends."""

@@ -1,0 +1,134 @@
+"""The shard format and its validation: speculators data-format-v1 files plus a manifest.
+
+A shard directory holds `data_{i}.pt` files (`input_ids`, `hidden_states` = list of four
+`[seq, hidden]` tensors, `loss_mask`), `i` being the sample's index in the prepared
+dataset, and `manifest.json`, written last (draftsmith.extraction.driver writes them).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from draftsmith.io import read_json, sha256_file
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+JOURNAL = "progress.jsonl"
+FORMAT = "speculators-data-v1"
+NUM_STATES = 4
+
+
+class ShardError(ValueError):
+    """A shard that must not be used; the message names the shard, the file and the check."""
+
+
+def shard_indices(num_samples: int, num_shards: int, shard: int) -> list[int]:
+    """Round-robin assignment of sample indices to shards (balanced, deterministic)."""
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} is outside 0..{num_shards - 1}")
+    return list(range(shard, num_samples, num_shards))
+
+
+def sample_file(index: int) -> str:
+    return f"data_{index}.pt"
+
+
+def serialise_sample(input_ids: list[int], loss_mask: list[int], states: list[torch.Tensor]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "input_ids": torch.tensor(input_ids, dtype=torch.long),
+            "hidden_states": states,
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.long),
+        },
+        buf,
+    )
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def load_manifest(shard_dir: str | Path) -> dict:
+    path = Path(shard_dir) / MANIFEST
+    if not path.exists():
+        raise ShardError(f"{shard_dir}: no {MANIFEST}; the shard is unfinished or was not extracted")
+    try:
+        return read_json(path)
+    except json.JSONDecodeError as e:
+        raise ShardError(f"{path}: manifest is not valid JSON: {e}") from e
+
+
+def validate_shard(shard_dir: str | Path, samples: dict[str, list] | None = None, deep: bool = True) -> dict:
+    """Check a shard against its manifest; raise ShardError naming shard, file and check.
+
+    Checks: every file exists with the recorded sha256; with `deep`, each file loads with
+    the four states of shape [num_tokens, hidden] and the recorded dtype, finite, no
+    all-zero layer, input_ids/loss_mask of the right length; with `samples` (the prepared
+    dataset), the sample ids, their order and the token ids echo the input.
+    """
+    shard_dir = Path(shard_dir)
+    manifest = load_manifest(shard_dir)
+    entries = manifest.get("samples", [])
+    if len(entries) != manifest.get("num_samples"):
+        raise ShardError(f"{shard_dir}: sample count: manifest lists {len(entries)} files but num_samples={manifest.get('num_samples')}")
+    expected_order = shard_indices(len(samples["input_ids"]), manifest["num_shards"], manifest["shard"]) if samples else None
+    if expected_order is not None and [e["index"] for e in entries] != expected_order:
+        raise ShardError(f"{shard_dir}: sample order: indices {[e['index'] for e in entries][:5]}... do not match the dataset's shard plan {expected_order[:5]}...")
+    dtype = getattr(torch, manifest["dtype"])
+    for entry in entries:
+        path = shard_dir / entry["file"]
+        where = f"{shard_dir}: {entry['file']}"
+        if not path.exists():
+            raise ShardError(f"{where}: missing file")
+        if sha256_file(path) != entry["sha256"]:
+            raise ShardError(f"{where}: checksum: sha256 differs from the manifest (file changed or corrupt)")
+        if samples is not None:
+            if samples["sample_id"][entry["index"]] != entry["sample_id"]:
+                raise ShardError(f"{where}: sample id {entry['sample_id']!r} != dataset's {samples['sample_id'][entry['index']]!r}")
+        if deep:
+            check_sample(path, where, entry["num_tokens"], manifest["hidden_size"], dtype,
+                         samples["input_ids"][entry["index"]] if samples is not None else None)
+    return manifest
+
+
+def check_sample(path: Path, where: str, num_tokens: int, hidden_size: int, dtype: torch.dtype, input_ids: list[int] | None):
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - any load failure means a corrupt file
+        raise ShardError(f"{where}: load: {type(e).__name__}: {e}") from e
+    for key in ("input_ids", "hidden_states", "loss_mask"):
+        if key not in data:
+            raise ShardError(f"{where}: format: missing key {key!r}")
+    states = data["hidden_states"]
+    if len(states) != NUM_STATES:
+        raise ShardError(f"{where}: format: {len(states)} hidden-state tensors, expected {NUM_STATES}")
+    if data["input_ids"].shape != (num_tokens,) or data["loss_mask"].shape != (num_tokens,):
+        raise ShardError(f"{where}: shape: input_ids/loss_mask length differs from num_tokens={num_tokens}")
+    if input_ids is not None and data["input_ids"].tolist() != list(input_ids):
+        raise ShardError(f"{where}: token ids: stored input_ids differ from the prepared sample")
+    for layer, state in enumerate(states):
+        if tuple(state.shape) != (num_tokens, hidden_size):
+            raise ShardError(f"{where}: shape: hidden_states[{layer}] is {tuple(state.shape)}, expected ({num_tokens}, {hidden_size})")
+        if state.dtype != dtype:
+            raise ShardError(f"{where}: dtype: hidden_states[{layer}] is {state.dtype}, manifest says {dtype}")
+        if not torch.isfinite(state).all():
+            raise ShardError(f"{where}: finite: hidden_states[{layer}] contains NaN or Inf")
+        if not state.abs().amax() > 0:
+            raise ShardError(f"{where}: non-zero: hidden_states[{layer}] is all zeros")
+
+
+def shard_files(manifest_paths: list[str | Path]) -> list[str]:
+    """The sample files listed by the given manifests, in manifest order."""
+    files = []
+    for mp in manifest_paths:
+        mp = Path(mp)
+        manifest = read_json(mp)
+        files += [str(mp.parent / e["file"]) for e in manifest["samples"]]
+    return files

@@ -1,0 +1,1 @@
+"""The report: benchmark, training and data results as tables, figures, HTML and Markdown."""

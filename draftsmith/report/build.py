@@ -1,0 +1,68 @@
+"""The final report: seaborn figures, tables and provenance as self-contained HTML and Markdown.
+
+Inputs are the pipeline's own outputs (benchmark summaries and per-prompt tables, training
+metrics, draft configs, dataset stats, shard manifests). Every number shown is read from
+them; nothing is hard-coded. Figures are PNGs in one directory, which the Snakemake rule
+also registers with `report()`, so `snakemake --report` shows them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from draftsmith.io import atomic_dir, write_text
+from draftsmith.report.figures import FIGURES, draw_figures
+from draftsmith.report.load import (
+    ReportInputError,
+    load_drafts,
+    load_manifests,
+    load_metrics,
+    load_per_prompt,
+    load_stats,
+    load_summaries,
+)
+from draftsmith.report.render import plain_config, render_html, render_markdown
+from draftsmith.report.tables import findings, fmt, inputs_table, stats_table, summary_table, training_table, versions_table
+
+__all__ = ["FIGURES", "ReportInputError", "build_report", "fmt"]
+
+log = logging.getLogger(__name__)
+
+
+def build_report(summaries, per_prompt, metrics, drafts, stats, manifests, config, out_html, out_md,
+                 figures_dir) -> dict[str, pd.DataFrame]:
+    """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values)."""
+    out_html, out_md, figures_dir = Path(out_html), Path(out_md), Path(figures_dir)
+    summary_by_variant, methods = load_summaries(summaries)
+    per_prompt_df = load_per_prompt(per_prompt, set(summary_by_variant))
+    metrics_df = load_metrics(metrics)
+    stats_df = load_stats(stats)
+    shards_df, manifest_list = load_manifests(manifests)
+    log.info("report inputs: %d variants, %d datasets, %d shards", len(summary_by_variant), len(stats_df),
+             len(shards_df))
+    tables = {
+        "summary": summary_table(methods),
+        "training": training_table(metrics_df),
+        "drafts": load_drafts(drafts),
+        "data": stats_table(stats_df),
+        "shards": shards_df,
+        "versions": versions_table(summary_by_variant, manifest_list),
+        "inputs": inputs_table({"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
+                                "training metrics": list(metrics), "draft config": list(drafts),
+                                "dataset stats": list(stats)}),
+    }
+    lines = findings(summary_by_variant, methods, stats_df, metrics_df)
+    config_yaml = yaml.safe_dump(plain_config(config), sort_keys=False)
+    title = "draftsmith report: EAGLE-3 draft " + ", ".join(sorted(summary_by_variant))
+    with atomic_dir(figures_dir) as tmp:
+        draw_figures(methods, per_prompt_df, metrics_df, stats_df, tmp)
+    write_text(out_html, render_html(title, lines, tables, figures_dir, config_yaml))
+    figures_rel = Path(os.path.relpath(figures_dir, out_md.parent)).as_posix()
+    write_text(out_md, render_markdown(title, lines, tables, figures_rel, config_yaml))
+    log.info("report written: %s, %s, %s", out_html, out_md, figures_dir)
+    return tables

@@ -1,0 +1,169 @@
+"""The report's seaborn figures, one PNG each."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from draftsmith.benchmark.results import BASELINE  # noqa: E402
+from draftsmith.report.tables import method_label, method_order, ttt_steps  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+FIGURES = {
+    "acceptance_length": "Acceptance length (tokens per target forward) by method",
+    "per_position_acceptance": "Acceptance rate by draft position",
+    "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy",
+    "training_loss": "Training loss per TTT step",
+    "training_accuracy": "Training accuracy per TTT step",
+    "data_stats": "Dataset records and tokens",
+}
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_acceptance_length(methods: pd.DataFrame, per_prompt: pd.DataFrame, path: Path) -> None:
+    order = method_order(methods["method"])
+    variants = sorted(methods["variant"].unique())
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    sns.barplot(methods, x="method", y="acceptance_length", hue="variant", order=order, hue_order=variants,
+                errorbar=None, alpha=0.85, ax=ax)
+    if len(per_prompt):
+        sns.stripplot(per_prompt, x="method", y="acceptance_length", hue="variant", order=order, hue_order=variants,
+                      dodge=True, palette={v: "black" for v in variants}, size=3, alpha=0.35, legend=False, ax=ax)
+    ax.set_xticks(range(len(order)), [method_label(m) for m in order])
+    ax.set(xlabel="", ylabel="tokens per target forward",
+           title="Acceptance length (bars: all prompts, dots: single prompts)")
+    _save(fig, path)
+
+
+def per_position_frame(methods: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for r in methods.itertuples():
+        for pos, rate in enumerate(r.per_position_acceptance or [], start=1):
+            if rate is not None and r.method != BASELINE:
+                rows.append({"variant": r.variant, "method": method_label(r.method), "position": pos, "rate": rate})
+    return pd.DataFrame(rows, columns=["variant", "method", "position", "rate"])
+
+
+def plot_per_position(methods: pd.DataFrame, path: Path) -> None:
+    df = per_position_frame(methods)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if len(df):
+        sns.lineplot(df, x="position", y="rate", hue="method", style="variant", markers=True, errorbar=None, ax=ax)
+        ax.set_xticks(sorted(df["position"].unique()))
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
+    else:
+        ax.text(0.5, 0.5, "no drafting method in the benchmark", ha="center", transform=ax.transAxes)
+    ax.set(ylim=(0, 1.02), xlabel="draft position", ylabel="fraction of drafts accepted up to here",
+           title="Per-position acceptance")
+    _save(fig, path)
+
+
+def plot_throughput(methods: pd.DataFrame, path: Path) -> None:
+    order = method_order(methods["method"])
+    variants = sorted(methods["variant"].unique())
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    sns.barplot(methods, x="method", y="tokens_per_s", hue="variant", order=order, hue_order=variants,
+                errorbar=None, ax=ax)
+    speedup = methods.set_index(["variant", "method"])["speedup"]
+    for variant, container in zip(variants, ax.containers):  # one container per variant, in hue order
+        labels = []
+        for bar in container:
+            method = order[round(bar.get_x() + bar.get_width() / 2)]
+            value = speedup.get((variant, method))
+            labels.append(f"{value:.2f}×" if value is not None and pd.notna(value) else "")
+        ax.bar_label(container, labels=labels, fontsize=8, padding=2)
+    ax.set_xticks(range(len(order)), [method_label(m) for m in order])
+    ax.set(xlabel="", ylabel="generated tokens/s", title="Throughput (labels: speedup over target-only greedy)")
+    ax.margins(y=0.12)
+    _save(fig, path)
+
+
+def training_long(metrics: pd.DataFrame, prefixes: dict[str, str]) -> pd.DataFrame:
+    """Long form: one row per (row, TTT step, metric) for the given column prefixes."""
+    frames = []
+    for prefix, name in prefixes.items():
+        for i in ttt_steps(metrics, prefix):
+            frames.append(pd.DataFrame({
+                "variant": metrics["variant"], "split": metrics["split"], "step": metrics["step"],
+                "TTT step": str(i), "metric": name, "value": metrics[f"{prefix}{i}"],
+            }))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def plot_training(metrics: pd.DataFrame, prefixes: dict[str, str], ylabel: str, path: Path) -> None:
+    df = training_long(metrics, prefixes)
+    if df.empty:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.text(0.5, 0.5, f"no {'/'.join(prefixes)}* columns in metrics.csv", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        _save(fig, path)
+        return
+    variants = sorted(df["variant"].unique())
+    names = list(dict.fromkeys(df["metric"]))
+    fig, axes = plt.subplots(len(names), len(variants), figsize=(4.5 * len(variants), 3.4 * len(names)),
+                             squeeze=False, sharey="row", layout="constrained")
+    for (i, name), (j, variant) in itertools.product(enumerate(names), enumerate(variants)):
+        ax = axes[i][j]
+        cell = df[(df["metric"] == name) & (df["variant"] == variant)]
+        sns.lineplot(cell, x="step", y="value", hue="TTT step", style="split", style_order=["train", "val"],
+                     dashes={"train": "", "val": (4, 2)}, markers={"train": ".", "val": "o"}, estimator=None,
+                     errorbar=None, legend=(i, j) == (0, len(variants) - 1), ax=ax)
+        ax.set(title=f"{name} | {variant}" if len(names) > 1 else variant,
+               xlabel="optimizer step" if i == len(names) - 1 else "", ylabel=ylabel if j == 0 else "")
+    legend = axes[0][-1].get_legend()
+    if legend is not None:
+        sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1.02, 1))
+    _save(fig, path)
+
+
+def plot_data_stats(stats: pd.DataFrame, path: Path) -> None:
+    records = []
+    for r in stats.itertuples():
+        records.append({"dataset": r.dataset, "records": "kept", "count": r.records_kept})
+        for reason, n in sorted(r.skipped_by_reason.items()):
+            records.append({"dataset": r.dataset, "records": f"skipped: {reason}", "count": n})
+    tokens = stats.melt(id_vars="dataset", value_vars=["tokens", "assistant_tokens"], var_name="tokens",
+                        value_name="count")
+    tokens["tokens"] = tokens["tokens"].map({"tokens": "all", "assistant_tokens": "assistant (trained on)"})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    sns.barplot(pd.DataFrame(records), x="dataset", y="count", hue="records", errorbar=None, ax=left)
+    for container in left.containers:
+        left.bar_label(container, fontsize=8)
+    left.set(title="Records kept and skipped", ylabel="records")
+    sns.barplot(tokens, x="dataset", y="count", hue="tokens", errorbar=None, ax=right)
+    for container in right.containers:
+        right.bar_label(container, fontsize=8)
+    right.set(title="Tokens after truncation", ylabel="tokens")
+    for ax in (left, right):
+        sns.move_legend(ax, "upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, title=None, frameon=False)
+    _save(fig, path)
+
+
+def draw_figures(methods, per_prompt, metrics, stats, figures_dir: Path) -> None:
+    sns.set_theme(style="whitegrid", context="notebook")
+    jobs = {
+        "acceptance_length": lambda p: plot_acceptance_length(methods, per_prompt, p),
+        "per_position_acceptance": lambda p: plot_per_position(methods, p),
+        "throughput": lambda p: plot_throughput(methods, p),
+        "training_loss": lambda p: plot_training(metrics, {"loss_": "loss"}, "loss (KL to target)", p),
+        "training_accuracy": lambda p: plot_training(
+            metrics, {"full_acc_": "full accuracy", "cond_acc_": "conditional accuracy"}, "accuracy", p),
+        "data_stats": lambda p: plot_data_stats(stats, p),
+    }
+    for name in tqdm(FIGURES, desc="report figures", unit="fig"):
+        jobs[name](figures_dir / f"{name}.png")
+        log.info("figure %s.png written", name)

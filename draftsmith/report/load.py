@@ -1,0 +1,159 @@
+"""Reading the report's inputs (the pipeline's own outputs), each checked for the fields the report uses."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from draftsmith.io import read_json, sha256_file
+
+SUMMARY_FIELDS = ["prompts", "acceptance_length", "per_position_acceptance", "tokens_per_s", "speedup"]
+PER_PROMPT_COLUMNS = ["variant", "backend", "method", "prompt_id", "acceptance_length", "tokens_per_s", "speedup"]
+METRICS_COLUMNS = ["variant", "split", "epoch", "step", "loss"]
+STATS_FIELDS = ["records_read", "records_kept", "records_skipped", "skipped_by_reason", "records_truncated",
+                "tokens", "assistant_tokens", "seq_length"]
+MANIFEST_FIELDS = ["shard", "num_samples", "num_tokens", "device"]
+
+
+
+class ReportInputError(ValueError):
+    """An input file the report cannot use; the message names the file and the field."""
+
+
+def _require(record: dict, fields, where: str) -> None:
+    missing = [f for f in fields if f not in record]
+    if missing:
+        raise ReportInputError(f"{where}: missing field(s) {', '.join(missing)}")
+
+
+def _read_json(path, where_kind: str) -> dict:
+    try:
+        return read_json(path)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReportInputError(f"{path}: cannot read {where_kind}: {e}") from e
+
+
+def _read_csv(path, columns: list[str]) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ReportInputError(f"{path}: cannot read CSV: {e}") from e
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ReportInputError(f"{path}: missing column(s) {', '.join(missing)}")
+    return df
+
+
+def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
+    """Summary JSONs by variant, and one row per (variant, method) with per-position rates as a list."""
+    by_variant, rows = {}, []
+    for path in paths:
+        summary = _read_json(path, "benchmark summary")
+        _require(summary, ["variant", "backend", "device", "methods"], str(path))
+        variant = summary["variant"]
+        if variant in by_variant:
+            raise ReportInputError(f"{path}: variant {variant!r} appears in more than one summary")
+        by_variant[variant] = summary
+        for method, m in summary["methods"].items():
+            _require(m, SUMMARY_FIELDS, f"{path}: methods.{method}")
+            rows.append({
+                "variant": variant,
+                "backend": summary["backend"],
+                "device": summary["device"],
+                "method": method,
+                "prompts": m["prompts"],
+                "acceptance_length": m["acceptance_length"],
+                "per_position_acceptance": m["per_position_acceptance"],
+                "tokens_per_s": m["tokens_per_s"],
+                "speedup": m["speedup"],
+                "lossless": m.get("lossless"),
+            })
+    if not rows:
+        raise ReportInputError("no benchmark summaries were given")
+    return by_variant, pd.DataFrame(rows)
+
+
+def load_per_prompt(paths, variants) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        df = _read_csv(path, PER_PROMPT_COLUMNS)
+        unknown = sorted(set(df["variant"]) - set(variants))
+        if unknown:
+            raise ReportInputError(f"{path}: column variant has {unknown}, which no benchmark summary describes")
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PER_PROMPT_COLUMNS)
+
+
+def load_metrics(paths) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        df = _read_csv(path, METRICS_COLUMNS)
+        bad = sorted(set(df["split"]) - {"train", "val"})
+        if bad:
+            raise ReportInputError(f"{path}: column split has {bad}; expected train or val")
+        if not any(re.fullmatch(r"loss_\d+", c) for c in df.columns):
+            raise ReportInputError(f"{path}: no per-TTT-step loss columns (loss_0, loss_1, ...)")
+        frames.append(df)
+    if not frames:
+        raise ReportInputError("no training metrics were given")
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_drafts(paths) -> pd.DataFrame:
+    """One row per draft checkpoint config (speculators Eagle3 config.json); variant = its directory name."""
+    rows = []
+    for path in paths:
+        cfg = _read_json(path, "draft config")
+        _require(cfg, ["draft_vocab_size", "eagle_aux_hidden_state_layer_ids", "transformer_layer_config",
+                       "speculators_config"], str(path))
+        layer = cfg["transformer_layer_config"]
+        spec = cfg["speculators_config"]
+        proposals = spec.get("proposal_methods") or [{}]
+        rows.append({
+            "variant": Path(path).parent.name,
+            "draft layers": layer.get("num_hidden_layers"),
+            "hidden size": layer.get("hidden_size"),
+            "draft vocab": cfg["draft_vocab_size"],
+            "target vocab": layer.get("vocab_size"),
+            "aux layer ids": ", ".join(map(str, cfg["eagle_aux_hidden_state_layer_ids"])),
+            "speculative tokens": proposals[0].get("speculative_tokens"),
+            "verifier": spec.get("verifier", {}).get("name_or_path"),
+            "speculators": cfg.get("speculators_version"),
+            "config sha256": sha256_file(path),
+        })
+    return pd.DataFrame(rows)
+
+
+def load_stats(paths) -> pd.DataFrame:
+    rows = []
+    for path in paths:
+        stats = _read_json(path, "dataset stats")
+        _require(stats, STATS_FIELDS, str(path))
+        rows.append({"dataset": stats.get("dataset") or Path(path).parent.name,
+                     **{k: stats[k] for k in STATS_FIELDS}})
+    return pd.DataFrame(rows)
+
+
+def load_manifests(paths) -> tuple[pd.DataFrame, list[dict]]:
+    """Shard provenance rows (dataset from `.../shards/{dataset}/shard_{k}/manifest.json`) and the raw manifests."""
+    rows, manifests = [], []
+    for path in paths:
+        manifest = _read_json(path, "shard manifest")
+        _require(manifest, MANIFEST_FIELDS, str(path))
+        manifests.append(manifest)
+        rows.append({
+            "dataset": Path(path).parent.parent.name,
+            "shard": manifest["shard"],
+            "backend": manifest.get("backend"),
+            "samples": manifest["num_samples"],
+            "tokens": manifest["num_tokens"],
+            "tokens/s": manifest.get("tokens_per_second"),
+            "device": manifest["device"],
+            "dtype": manifest.get("dtype"),
+            "layer ids": ", ".join(map(str, manifest.get("layer_ids", []))),
+            "manifest sha256": sha256_file(path),
+        })
+    return pd.DataFrame(rows), manifests

@@ -1,0 +1,99 @@
+"""Rendering the report: self-contained HTML (figures embedded) and Markdown (figures linked)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from draftsmith.report.figures import FIGURES
+from draftsmith.report.tables import display
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}
+h1{border-bottom:2px solid #444}h2{margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right;vertical-align:top}
+th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
+.findings{background:#f6f8fa;border-left:4px solid #4c72b0;padding:.5em 1em}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}
+figcaption{font-size:.9em;color:#555}
+pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:.85em}
+code{font-size:.9em}
+"""
+
+SECTIONS = [
+    ("summary", "Benchmark summary",
+     "Acceptance length = generated tokens per target forward (the bonus token included). Per-position "
+     "acceptance = fraction of drafts whose first i tokens were all accepted. Speedup = tokens/s over "
+     "target-only greedy decoding on the same prompts."),
+    ("training", "Training (final values)", "Validation rows are per-epoch averages."),
+    ("drafts", "Draft checkpoints", "From each draft's speculators config.json."),
+    ("data", "Data", "Records read, kept and skipped per dataset, and tokens after truncation."),
+    ("shards", "Hidden-state shards",
+     "One row per shard; the manifest checksum covers the sha256 of every sample file it lists."),
+    ("versions", "Package versions and devices", ""),
+    ("inputs", "Input files", "Every file this report was built from, with its sha256."),
+]
+FIGURE_SECTIONS = {
+    "summary": ["acceptance_length", "per_position_acceptance", "throughput"],
+    "training": ["training_loss", "training_accuracy"],
+    "data": ["data_stats"],
+}
+
+
+def _md_inline(text: str) -> str:
+    """Markdown to HTML for the few inline marks the findings use (`code`, **bold**)."""
+    text = html.escape(text)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+
+
+def render_html(title: str, lines: list[str], tables: dict[str, pd.DataFrame], figures_dir: Path,
+                config_yaml: str) -> str:
+    parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+             "<h2 id='what-this-means'>What this means</h2><div class='findings'><ul>"]
+    parts += [f"<li>{_md_inline(line)}</li>" for line in lines]
+    parts.append("</ul></div>")
+    for key, heading, note in SECTIONS:
+        parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2>")
+        if note:
+            parts.append(f"<p>{html.escape(note)}</p>")
+        parts.append(display(tables[key]).to_html(index=False, table_id=f"table-{key}", border=0, na_rep="—"))
+        for name in FIGURE_SECTIONS.get(key, []):
+            data = base64.b64encode((figures_dir / f"{name}.png").read_bytes()).decode("ascii")
+            parts.append(f"<figure id='figure-{name}'><img alt='{html.escape(FIGURES[name])}' "
+                         f"src='data:image/png;base64,{data}'><figcaption>{html.escape(FIGURES[name])}"
+                         f"</figcaption></figure>")
+    parts.append(f"<h2 id='config'>Workflow configuration</h2><pre>{html.escape(config_yaml)}</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(title: str, lines: list[str], tables: dict[str, pd.DataFrame], figures_rel: str,
+                    config_yaml: str) -> str:
+    parts = [f"# {title}", "", "## What this means", ""] + [f"- {line}" for line in lines]
+    for key, heading, note in SECTIONS:
+        parts += ["", f"## {heading}", ""]
+        if note:
+            parts += [note, ""]
+        parts.append(display(tables[key]).map(_md_cell).to_markdown(index=False, disable_numparse=True))
+        for name in FIGURE_SECTIONS.get(key, []):
+            parts += ["", f"![{FIGURES[name]}]({figures_rel}/{name}.png)"]
+    parts += ["", "## Workflow configuration", "", "```yaml", config_yaml.rstrip(), "```", ""]
+    return "\n".join(parts)
+
+
+def plain_config(config) -> dict:
+    """The config as plain YAML-safe data (Snakemake hands in its own dict subclass)."""
+    return json.loads(json.dumps(config, default=str))

@@ -1,0 +1,173 @@
+"""The report's tables and findings, computed from the loaded inputs."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from draftsmith.benchmark.results import BASELINE, METHODS
+from draftsmith.io import sha256_file
+from draftsmith.provenance import package_versions
+
+METHOD_LABELS = {
+    "target_greedy": "target-only greedy",
+    "prompt_lookup": "prompt lookup",
+    "untrained_draft": "untrained draft",
+    "eagle3_draft": "trained EAGLE-3 draft",
+}
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def method_order(methods) -> list[str]:
+    present = list(dict.fromkeys(methods))
+    return [m for m in METHODS if m in present] + [m for m in present if m not in METHODS]
+
+
+def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
+    order = {m: i for i, m in enumerate(method_order(methods["method"]))}
+    df = methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+    return pd.DataFrame({
+        "variant": df["variant"],
+        "backend": df["backend"],
+        "method": df["method"],
+        "prompts": df["prompts"],
+        "acceptance length": df["acceptance_length"],
+        "per-position acceptance": df["per_position_acceptance"],
+        "tokens/s": df["tokens_per_s"],
+        "speedup": df["speedup"],
+        "lossless": df["lossless"],
+    }).reset_index(drop=True)
+
+
+def ttt_steps(metrics: pd.DataFrame, prefix: str) -> list[int]:
+    return sorted(int(c[len(prefix):]) for c in metrics.columns if re.fullmatch(re.escape(prefix) + r"\d+", c))
+
+
+def training_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Final values per variant: last train row, last validation row (when there is one)."""
+    rows = []
+    acc_steps = ttt_steps(metrics, "full_acc_")
+    for variant, g in metrics.groupby("variant", sort=True):
+        train, val = g[g["split"] == "train"], g[g["split"] == "val"]
+        last_train = train.sort_values("step").iloc[-1] if len(train) else None
+        last_val = val.sort_values("step").iloc[-1] if len(val) else None
+        row = {
+            "variant": variant,
+            "epochs": int(g["epoch"].max()) + 1,
+            "steps": len(train),
+            "final train loss": last_train["loss"] if last_train is not None else None,
+            "final val loss": last_val["loss"] if last_val is not None else None,
+        }
+        for i in acc_steps:
+            row[f"val full acc {i}"] = last_val[f"full_acc_{i}"] if last_val is not None else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stats_table(stats: pd.DataFrame) -> pd.DataFrame:
+    df = stats.copy()
+    df["skipped_by_reason"] = df["skipped_by_reason"].map(
+        lambda d: ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) or "none")
+    return df.rename(columns=lambda c: c.replace("_", " "))
+
+
+def versions_table(summaries: dict[str, dict], manifests: list[dict]) -> pd.DataFrame:
+    """Package versions and device per stage: extraction (one column per device), benchmark per variant, this report."""
+    columns: dict[str, dict] = {}
+    for m in manifests:
+        key = f"extraction ({m['device']})"
+        columns.setdefault(key, {**m.get("versions", {}), "device": m["device"]})
+    for variant, s in summaries.items():
+        columns[f"benchmark {variant}"] = {**s.get("versions", {}), "device": s["device"]}
+    columns["report"] = package_versions(("pandas", "seaborn", "matplotlib", "snakemake", "draftsmith"))
+    df = pd.DataFrame(columns)
+    rows = ["device"] + sorted(i for i in df.index if i != "device")
+    return df.reindex(rows).fillna("").rename_axis("package").reset_index()
+
+
+def inputs_table(groups: dict[str, list]) -> pd.DataFrame:
+    rows = [{"input": kind, "file": str(p), "sha256": sha256_file(p)} for kind, paths in groups.items() for p in paths]
+    return pd.DataFrame(rows)
+
+
+def fmt(value, digits: int = 3) -> str:
+    """One formatting for every number in the report (tables and text alike)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return " / ".join(fmt(v, digits) for v in value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+# digits per table column; other float columns get 3
+DIGITS = {"tokens/s": 1, "speedup": 2, "final train loss": 4, "final val loss": 4}
+
+
+def display(df: pd.DataFrame) -> pd.DataFrame:
+    """Strings for every cell, numbers formatted by `fmt` with the column's digits."""
+    return pd.DataFrame({col: [fmt(v, DIGITS.get(col, 3)) for v in df[col]] for col in df.columns}, index=df.index)
+
+
+def _method_values(methods: pd.DataFrame, variant: str) -> dict[str, dict]:
+    return {r["method"]: r for r in methods[methods["variant"] == variant].to_dict("records")}
+
+
+def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metrics: pd.DataFrame) -> list[str]:
+    """Plain-language statements computed from the inputs."""
+    lines = []
+    for variant in sorted(summaries):
+        s = summaries[variant]
+        m = _method_values(methods, variant)
+        where = f"`{variant}` ({s['backend']} backend)"
+        draft = m.get("eagle3_draft")
+        if draft is None:
+            lines.append(f"{where}: the benchmark has no trained-draft (eagle3_draft) results.")
+            continue
+        baselines = [f"{fmt(m[b]['acceptance_length'], 2)} with {phrase}"
+                     for b, phrase in (("prompt_lookup", "prompt lookup"), ("untrained_draft", "the untrained draft"))
+                     if b in m]
+        text = (f"{where}: the trained draft accepts {fmt(draft['acceptance_length'], 2)} tokens per target forward"
+                + (f" vs {' and '.join(baselines)}" if baselines else ""))
+        speedup = draft["speedup"]
+        if speedup is not None and pd.notna(speedup) and BASELINE in m:
+            slower = ", i.e. slower" if speedup < 1 else ""
+            text += (f"; speculative decoding ran at {fmt(speedup, 2)}× the speed of target-only greedy decoding"
+                     f"{slower} ({fmt(draft['tokens_per_s'], 1)} vs {fmt(m[BASELINE]['tokens_per_s'], 1)} tokens/s"
+                     f" on {s['device']})")
+        if draft.get("lossless") is False:
+            text += "; **its output differed from target-only greedy on some prompts**"
+        elif draft.get("lossless") is True:
+            text += "; its output matched target-only greedy on every prompt"
+        lines.append(text + ".")
+    if len(summaries) > 1:
+        drafts = methods[methods["method"] == "eagle3_draft"].sort_values("acceptance_length", ascending=False)
+        if len(drafts):
+            best = drafts.iloc[0]
+            lines.append(f"Best variant by acceptance length: `{best['variant']}` "
+                         f"({fmt(best['acceptance_length'], 2)}).")
+    if len(stats):
+        skipped = int(stats["records_skipped"].sum())
+        lines.append(
+            f"Training data: {fmt(int(stats['records_kept'].sum()))} conversations kept of "
+            f"{fmt(int(stats['records_read'].sum()))} read ({fmt(skipped)} skipped) from "
+            f"{', '.join(f'`{d}`' for d in stats['dataset'])}: {fmt(int(stats['tokens'].sum()))} tokens, "
+            f"{fmt(int(stats['assistant_tokens'].sum()))} of them assistant tokens the draft learns from.")
+    for r in training_table(metrics).to_dict("records"):
+        if r["final val loss"] is not None and pd.notna(r["final val loss"]):
+            accs = [r[k] for k in r if k.startswith("val full acc ")]
+            lines.append(f"Training `{r['variant']}`: validation loss {fmt(r['final val loss'], 4)} after "
+                         f"{fmt(r['steps'])} steps; validation full accuracy per TTT step {fmt(accs, 3)}.")
+    return lines

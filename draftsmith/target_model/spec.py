@@ -1,0 +1,58 @@
+"""One description of the target model, built once by the workflow and handed to every stage that loads it.
+
+`trust_remote_code` runs Python code from the model repository: it is off unless the config opts in.
+`dtype` is the target's default dtype; a stage's own dtype setting (extraction.dtype, benchmark.dtype)
+overrides it where that is not "auto".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from draftsmith.target_model.layers import text_config
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    model: str  # a local model directory or a hub id
+    revision: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> "TargetSpec":
+        return cls(model=str(spec["model"]), revision=spec["revision"], trust_remote_code=spec["trust_remote_code"],
+                   dtype=spec["dtype"])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def stage_dtype(self, dtype: str) -> str:
+        return self.dtype if dtype == "auto" else dtype
+
+    def load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.model, trust_remote_code=self.trust_remote_code,
+                                                  revision=self.revision)
+        if tokenizer.chat_template is None:
+            raise ValueError(f"the tokenizer of {self.model} has no chat template; draftsmith needs one to render conversations")
+        return tokenizer
+
+    def load_text_config(self):
+        from transformers import AutoConfig
+
+        return text_config(AutoConfig.from_pretrained(self.model, trust_remote_code=self.trust_remote_code,
+                                                      revision=self.revision))
+
+    def load_causal_lm(self, dtype):
+        """The target as a transformers causal LM (SDPA attention), on the CPU in `dtype` (a torch.dtype)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                                                    revision=self.revision, attn_implementation="sdpa")
+
+    def fingerprint(self) -> dict:
+        from draftsmith.provenance import model_fingerprint
+
+        return {**model_fingerprint(self.model), "revision": self.revision}

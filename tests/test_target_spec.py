@@ -1,0 +1,41 @@
+"""One target spec (model, revision, trust_remote_code, dtype) reaches every rule that loads the target."""
+
+import yaml
+from conftest import snakemake
+
+from draftsmith.target_model.spec import TargetSpec
+
+# the rules that load the target (tokenizer, config or weights), by one output each
+LOADS_TARGET = {
+    "prepare_dataset": "prepared/synthetic/samples.parquet",
+    "preflight": "preflight.json",
+    "extract_hidden_states": "shards/synthetic/shard_0/manifest.json",
+    "vocab_map": "vocab/d2t.npy",
+    "train_draft": "draft/default/model.safetensors",
+    "benchmark": "benchmark/default/summary.json",
+}
+# rules that never load it: their params must not change with it
+IGNORES_TARGET = ["data/synthetic/train.jsonl", "target", "vocab/synthetic/token_freq.pt"]
+
+
+def test_spec_round_trips_through_the_dict_rules_and_torchrun_pass():
+    spec = TargetSpec("org/model", revision="abc", trust_remote_code=True, dtype="bfloat16")
+    assert TargetSpec.from_dict(spec.to_dict()) == spec
+    assert spec.stage_dtype("auto") == "bfloat16" and spec.stage_dtype("float32") == "float32"
+
+
+def test_every_rule_that_loads_the_target_gets_its_options(pipeline_run, tmp_path):
+    """Turning on trust_remote_code changes the params of exactly the rules that load the target.
+
+    `--list-changes params` compares each output's recorded params with the new config's, so a rule
+    that did not get the target's options (train_draft once did not) would be missing here."""
+    config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
+    config["target"] = {**config.get("target", {"model": "embedded"}), "trust_remote_code": True, "revision": "v1"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(pipeline_run, "--configfile", str(tmp_path / "config.yaml"), "--list-changes", "params", "--nolock")
+    changed = {line.strip() for line in proc.stdout.splitlines() if line.strip()}
+    results = config["results"]
+    for rule, output in LOADS_TARGET.items():
+        assert f"{results}/{output}" in changed, f"{rule} does not get the target spec"
+    for output in IGNORES_TARGET:
+        assert f"{results}/{output}" not in changed, output
