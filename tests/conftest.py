@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 

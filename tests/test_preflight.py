@@ -13,8 +13,8 @@ import pytest
 import yaml
 from conftest import REPO, SNAKEMAKE, TINY_CONFIG
 
-from draftsmith.vllm_stack import compat, source
 from draftsmith.config.workflow import validate
+from draftsmith.vllm_stack import compat, source
 from draftsmith.vllm_stack.preflight import main, run_preflight
 
 CONFIG = {**copy.deepcopy(TINY_CONFIG), "target": {"model": "embedded", "revision": None, "trust_remote_code": False},

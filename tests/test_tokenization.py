@@ -1,8 +1,10 @@
 import json
 
 import pytest
+from chat_templates import CHATML_TOKENS, QWEN25_TEMPLATE, SMOLLM2_TEMPLATE, with_template
 from transformers import AutoTokenizer
 
+from draftsmith.data.chat_data import BadRecord, normalise
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.data.tokenization import prepare_dataset, read_samples, tokenize_conversation
 from draftsmith.target_model.embedded import train_tokenizer
@@ -56,30 +58,159 @@ def test_truncation_keeps_the_prefix(tokenizer):
     assert truncated and ids == full_ids[:20] and mask == full_mask[:20]
 
 
-def test_prepare_dataset_counts_kept_and_skipped_records(tokenizer, tmp_path):
+def test_prepare_dataset_counts_kept_and_skipped_records(tokenizer, tmp_path, caplog):
     records = [
         {"id": "ok", "messages": CONV},
         {"id": "no-assistant", "messages": [{"role": "user", "content": "hi"}]},
         {"id": "bad-role", "conversations": [{"from": "alien", "value": "hi"}]},
         {"id": "long", "messages": [{"role": "user", "content": "x " * 300}, {"role": "assistant", "content": "y"}]},
+        {"id": "str", "messages": "hi"},
     ]
     path = tmp_path / "in.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n{broken\n")
-    stats = prepare_dataset({"source": "local", "path": str(path)}, tokenizer, 64, tmp_path / "s.parquet",
-                            tmp_path / "stats.json", name="mix")
-    assert stats["records_read"] == 5 and stats["records_kept"] == 1
-    assert stats["skipped_by_reason"] == {"invalid_json": 1, "no_assistant_tokens_in_window": 1,
-                                          "no_assistant_turn": 1, "unknown_role": 1}
+    path.write_bytes(("\n".join(json.dumps(r) for r in records) + "\n{broken\n[1]\n").encode() + b"\xff\n")
+    with caplog.at_level("WARNING"):
+        stats = prepare_dataset({"source": "local", "path": str(path)}, tokenizer, 64, tmp_path / "s.parquet",
+                                tmp_path / "stats.json", name="mix")
+    assert stats["records_read"] == 8 and stats["records_kept"] == 1 and stats["records_skipped"] == 7
+    assert stats["skipped_by_reason"] == {"conversation_not_a_list": 1, "invalid_json": 1, "invalid_utf8": 1,
+                                          "no_assistant_tokens_in_window": 1, "no_assistant_turn": 1,
+                                          "not_an_object": 1, "unknown_role": 1}
+    assert stats["duplicate_record_ids"] == 0
     samples = read_samples(tmp_path / "s.parquet")
     assert samples["sample_id"] == ["mix/ok"]
     assert stats["tokens"] == len(samples["input_ids"][0]) and stats["assistant_tokens"] == sum(samples["loss_mask"][0])
     assert json.loads((tmp_path / "stats.json").read_text()) == stats
+    # every skip names the file, the 1-based line and the field
+    log = caplog.text
+    assert f"skipped {path}: line 3 (id bad-role): conversations[0].from = 'alien' is not a known role" in log
+    assert f"skipped {path}: line 5 (id str): field 'messages' is a str, not a list of turns" in log
+    assert f"skipped {path}: line 6: invalid JSON" in log
+    assert f"skipped {path}: line 7: a JSON array, not a JSON object" in log
+    assert f"skipped {path}: line 8: invalid UTF-8 (byte 0xff at byte 1 of the line)" in log
 
 
-def test_dataset_without_usable_records_is_an_error(tokenizer, tmp_path):
+def test_duplicate_record_ids_are_kept_under_unique_sample_ids(tokenizer, tmp_path, caplog):
+    reply = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    records = [{"id": "a", "messages": reply}, {"id": "a", "messages": reply}, {"id": "a#2", "messages": reply},
+               {"id": "b", "messages": [{"role": "user", "content": "hi"}]}, {"id": "b", "messages": reply},
+               {"messages": reply}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with caplog.at_level("WARNING"):
+        stats = prepare_dataset({"source": "local", "path": str(path)}, tokenizer, 64, tmp_path / "s.parquet",
+                                tmp_path / "stats.json", name="d")
+    assert stats["duplicate_record_ids"] == 2 and stats["records_kept"] == 5
+    assert read_samples(tmp_path / "s.parquet")["sample_id"] == ["d/a", "d/a#2", "d/a#2#2", "d/b#2", "d/line 6"]
+    assert (f"{path}: line 2 (id a): duplicate record id 'a' (first seen at {path}: line 1 (id a)); ids are not a "
+            "key here, so the record is kept, as sample 'd/a#2'") in caplog.text
+    assert "d: 2 records repeat an earlier record's id" in caplog.text
+
+
+def test_dataset_without_usable_records_still_writes_its_stats(tokenizer, tmp_path, caplog):
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    with pytest.raises(ValueError, match=r"no usable records \(1 read; skipped by reason: \{'no_assistant_turn': 1\}\)"):
+    error = r"no usable records \(1 read; skipped by reason: \{'no_assistant_turn': 1\}\)"
+    with pytest.raises(ValueError, match=error), caplog.at_level("ERROR"):
         prepare_dataset({"source": "local", "path": str(path)}, tokenizer, 64, tmp_path / "s.parquet",
                         tmp_path / "stats.json", name="empty")
-    assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "stats.json").exists()
+    # also in the log, since Snakemake removes a failed job's outputs
+    assert f"empty: stats (written to {tmp_path / 'stats.json'}): " in caplog.text and '"records_read": 1' in caplog.text
+    assert not (tmp_path / "s.parquet").exists()
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["records_read"] == 1 and stats["records_kept"] == 0
+    assert stats["skipped_by_reason"] == {"no_assistant_turn": 1}
+    assert not list(tmp_path.glob(".stats.json*"))  # written atomically: no temporary left behind
+
+
+TOOL_RECORD = {
+    "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather for a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}],
+    "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "-3 C"},
+        {"role": "assistant", "content": "It is -3 C in Oslo."},
+    ],
+}
+
+
+def test_tool_calls_are_trained_on_and_tool_results_are_not_with_a_tool_template(tokenizer):
+    from draftsmith.data.chat_data import record_tools
+
+    qwen = with_template(tokenizer, QWEN25_TEMPLATE, CHATML_TOKENS)
+    ids, mask, _ = tokenize_conversation(qwen, normalise(TOOL_RECORD), 4096, record_tools(TOOL_RECORD))
+    assert masked_text(qwen, ids, mask) == ('<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n'
+                                            "</tool_call><|im_end|>It is -3 C in Oslo.<|im_end|>")
+    unmasked = qwen.decode([t for t, m in zip(ids, mask) if not m])
+    assert "<tool_response>\n-3 C\n</tool_response>" in unmasked and '"name": "weather", "description"' in unmasked
+
+
+def test_tool_turns_render_but_are_not_trained_on_with_the_embedded_template(tokenizer):
+    messages = normalise({"messages": [*CONV[:3], {"role": "function", "name": "calc", "content": "4"},
+                                       {"role": "assistant", "content": "Confirmed: 4."}]})
+    ids, mask, _ = tokenize_conversation(tokenizer, messages, 512)
+    assert masked_text(tokenizer, ids, mask) == "2 + 2 = 4.<|end|>Confirmed: 4.<|end|>"
+    with pytest.raises(BadRecord) as e:  # the embedded template has no notion of tool calls
+        tokenize_conversation(tokenizer, normalise(TOOL_RECORD), 512)
+    assert e.value.reason == "template_drops_tool_calls" and "messages[1].tool_calls" in str(e.value)
+
+
+def templated(tokenizer, template):
+    tok = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tok.chat_template = template
+    return tok
+
+
+LOOP = "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+GEN = "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+@pytest.mark.parametrize("template, messages, reason, where", [
+    # an end-of-conversation token after the last turn: earlier turns are not prefixes of the whole
+    (LOOP + "{% if not add_generation_prompt %}<|eos|>{% endif %}" + GEN, CONV, "template_not_prefix_stable",
+     "messages[2]"),
+    # Gemma-style: no system role
+    ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+     + LOOP + GEN, CONV, "template_rejects_system", "System role not supported"),
+    # a template that silently leaves tool turns out
+    ("{{ bos_token }}{% for m in messages %}{% if m['role'] != 'tool' %}{{ '<|' + m['role'] + '|>' + m['content'] "
+     "+ '<|end|>' }}{% endif %}{% endfor %}" + GEN,
+     CONV[:3] + [{"role": "tool", "content": "4"}, {"role": "assistant", "content": "ok"}], "template_drops_tool",
+     "messages[3]"),
+    # turns that end with plain text: where a reply ends cannot be marked
+    ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
+     "{% if add_generation_prompt %}assistant: {% endif %}", CONV, "no_end_of_turn_token", "messages[2]"),
+])
+def test_templates_that_cannot_be_masked_exactly_skip_the_record(tokenizer, template, messages, reason, where):
+    with pytest.raises(BadRecord) as e:
+        tokenize_conversation(templated(tokenizer, template), normalise({"messages": messages}), 512)
+    assert e.value.reason == reason and where in str(e.value)
+
+
+def test_generation_markers_give_the_templates_own_mask(tokenizer):
+    marked = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+              "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+              "{% else %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}"
+              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    tok = with_template(tokenizer, marked, CHATML_TOKENS)
+    ids, mask, _ = tokenize_conversation(tok, CONV, 512)
+    assert masked_text(tok, ids, mask) == "2 + 2 = 4.<|im_end|> 3 + 3 = 6. <|im_end|>"
+    plain = with_template(tokenizer, SMOLLM2_TEMPLATE.replace(
+        "{% if loop.first and messages[0]['role'] != 'system' %}", "{% if false %}"), CHATML_TOKENS)
+    assert tokenize_conversation(plain, CONV, 512) == (ids, mask, False)  # the prefix method agrees
+
+
+def test_a_reply_that_starts_inside_the_headers_last_token_is_split_there(tmp_path):
+    train, _ = generate_corpus(40, 1, seed=0)
+    train_tokenizer([m["content"] for r in train for m in r["messages"]] + ["a\n\n\nb"] * 50, 420, tmp_path)
+    tok = with_template(AutoTokenizer.from_pretrained(tmp_path), SMOLLM2_TEMPLATE, CHATML_TOKENS)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\n\nHello"}]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    whole = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    start = text.index("assistant\n") + len("assistant\n")
+    assert any(s < start < e for s, e in whole["offset_mapping"])  # header's and reply's \n: one token
+    ids, mask, _ = tokenize_conversation(tok, messages, 512)
+    assert masked_text(tok, ids, mask) == "\n\nHello<|im_end|>"
+    assert tok.decode(ids) == text and len(ids) == len(whole["input_ids"]) + 1

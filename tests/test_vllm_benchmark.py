@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 
 from draftsmith.benchmark.results import COLUMNS, accept_columns
-from draftsmith.config.workflow import section_defaults
 from draftsmith.benchmark.vllm_server import (
     BASELINE_FILE,
     ServerError,
@@ -29,6 +28,7 @@ from draftsmith.benchmark.vllm_server import (
     spec_decode_counters,
     speculative_config,
 )
+from draftsmith.config.workflow import section_defaults
 from draftsmith.target_model.spec import TargetSpec
 
 # What vLLM 0.16's /metrics serves for spec decoding (SpecDecodingProm through prometheus_client, labels
