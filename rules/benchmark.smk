@@ -22,7 +22,7 @@ rule benchmark:
         gpu=benchmark_gpus(),
         mem_mb=16000,
     params:
-        target=target_spec,
+        target=TARGET_SPEC,
         benchmark=canonical(config["benchmark"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
     script:

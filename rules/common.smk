@@ -37,19 +37,17 @@ def canonical(value):
     return value
 
 
-def target_spec(wildcards, input):
-    """The target spec that each job loading the target gets, as a dict for TargetSpec.from_dict
-    (draftsmith.target_model.spec): the built directory when embedded, with revision, trust_remote_code and dtype.
-    """
-    target = config["target"]
-    return canonical(
-        {
-            "model": input.target[0] if EMBEDDED else target["model"],
-            "revision": target["revision"],
-            "trust_remote_code": target["trust_remote_code"],
-            "dtype": target["dtype"],
-        }
-    )
+# The target spec each job that loads the target gets (draftsmith.target_model.spec.TargetSpec.from_dict):
+# the built directory when embedded. A plain value, not a function of the job's input: Snakemake compares
+# params it can evaluate while building the DAG, so a changed revision or trust_remote_code re-runs them.
+TARGET_SPEC = canonical(
+    {
+        "model": str(R / "target") if EMBEDDED else config["target"]["model"],
+        "revision": config["target"]["revision"],
+        "trust_remote_code": config["target"]["trust_remote_code"],
+        "dtype": config["target"]["dtype"],
+    }
+)
 
 
 def target_input():

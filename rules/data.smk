@@ -56,7 +56,7 @@ rule prepare_dataset:
         mem_mb=8000,
     params:
         spec=lambda wc: dataset_spec(wc.dataset),
-        target=target_spec,
+        target=TARGET_SPEC,
         seq_length=config["seq_length"],
     script:
         "../scripts/prepare_dataset.py"

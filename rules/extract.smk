@@ -18,7 +18,7 @@ rule extract_hidden_states:
         gpu=extraction_gpus(),
         mem_mb=16000,
     params:
-        target=target_spec,
+        target=TARGET_SPEC,
         extraction=canonical(config["extraction"]),
         seq_length=config["seq_length"],
     script:

@@ -19,11 +19,12 @@ rule preflight:
         gpu=extraction_gpus(),
         mem_mb=1000,
     params:
-        config={
-            key: config[key]
-            for key in ("results", "target", "extraction", "benchmark", "vocab")
-            if key in config
-        },
-        target=target_spec,
+        config=canonical(
+            {
+                key: config[key]
+                for key in ("results", "target", "extraction", "benchmark", "vocab")
+            }
+        ),
+        target=TARGET_SPEC,
     script:
         "../scripts/preflight.py"
