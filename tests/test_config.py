@@ -32,6 +32,7 @@ def test_shipped_configs_validate(path):
     (lambda c: c["training"].update(total_seq_length=1000), "total_seq_length"),
     (lambda c: c["datasets"].update(extra={"source": "local"}), "path"),
     (lambda c: c["extraction"].update(aux_layer_ids=[1, 2]), "aux_layer_ids"),
+    (lambda c: c["extraction"].update(aux_layer_ids=[2, 2, 5]), "non-unique"),
     (lambda c: c.update(colour="blue"), "colour"),
 ])
 def test_bad_config_names_the_key(change, message):
