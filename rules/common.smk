@@ -109,7 +109,11 @@ def training_gpus(variant):
 
 
 def all_outputs():
+    """Rule all's inputs. The shard manifests are among them because Snakemake 9 rebuilds a missing
+    intermediate only when a job after it must run: listed here, a deleted shard directory is
+    re-extracted by a plain `snakemake`, and what depends on it re-runs."""
     return [
         str(R / "report" / "report.html"),
         str(R / "report" / "report.md"),
+        *all_shard_manifests(),
     ]
