@@ -11,9 +11,13 @@ from pathlib import Path
 
 def cmd_validate(args) -> int:
     from draftsmith.validate import expected_shards, validate_results, write_findings
-    from draftsmith.workflow_config import load_config
+    from draftsmith.workflow_config import ConfigError, load_config
 
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"draftsmith validate: {e}", file=sys.stderr)
+        return 2
     findings = validate_results(args.results or config.get("results", "results"), expected_shards(config))
     for f in findings:
         print(f"{'ok  ' if f.ok else 'FAIL'} {f.path}: {f.message}")

@@ -352,7 +352,7 @@ def count_samples(stats_paths) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from draftsmith.workflow_config import load_config
+    from draftsmith.workflow_config import ConfigError, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=[], metavar="FILE",
@@ -362,7 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disable-fix", action="append", default=[], choices=compat.FIX_NAMES,
                         help="check as if this fix were off (shows what it prevents)")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        parser.error(str(e))
     results = Path(config.get("results", "results"))
     target = args.target or (str(results / "target") if config["target"]["model"] == "embedded" else config["target"]["model"])
     stats = [results / "prepared" / d / "stats.json" for d in config["datasets"]]

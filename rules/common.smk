@@ -2,7 +2,17 @@ import os
 import shutil
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+
+from draftsmith.workflow_config import ConfigError, read_config_file
+
+# Snakemake keeps the last of a key given twice in a config file, silently: re-read each file strictly.
+for configfile_path in workflow.configfiles:
+    try:
+        read_config_file(configfile_path)
+    except ConfigError as e:
+        raise WorkflowError(str(e)) from None
 
 validate(config, "../config/schema/config.schema.yaml")
 
