@@ -10,9 +10,15 @@ from pathlib import Path
 
 
 def cmd_validate(args) -> int:
-    from draftsmith.validate import validate_results, write_findings
+    from draftsmith.validate import expected_shards, validate_results, write_findings
+    from draftsmith.config.workflow import ConfigError, load_config
 
-    findings = validate_results(args.results)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"draftsmith validate: {e}", file=sys.stderr)
+        return 2
+    findings = validate_results(args.results or config["results"], expected_shards(config))
     for f in findings:
         print(f"{'ok  ' if f.ok else 'FAIL'} {f.path}: {f.message}")
     if args.json:
@@ -63,8 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("preflight", add_help=False,
                        help="check the installed stack, target, layers, GPUs and disk in seconds, before any weights load "
                        "(`draftsmith preflight --help` for its options)")
-    p = sub.add_parser("validate", help="check a whole results tree: samples, shard checksums and tensors, vocab map, drafts")
-    p.add_argument("results", nargs="?", default="results", help="results directory (default: results)")
+    p = sub.add_parser("validate", help="check a whole results tree: samples, shard checksums and tensors, vocab map, drafts, "
+                       "and that every shard the config implies exists")
+    p.add_argument("results", nargs="?", help="results directory (default: the config's `results`, results)")
+    p.add_argument("--config", nargs="+", default=[], metavar="FILE",
+                   help="workflow config file(s) the results were built with, merged in order over the embedded default "
+                   "config/config.yaml: their datasets and extraction.num_shards say which shards must exist")
     p.add_argument("--json", help="also write the findings to this JSON file")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("inspect", help="summarise a shard directory or a draft checkpoint")

@@ -69,11 +69,30 @@ def _check_draft(draft: Path, vocab: tuple | None):
                 raise ValueError(f"{name} contains NaN or Inf")
 
 
-def validate_results(results: str | Path) -> list[Finding]:
+def expected_shards(config: dict) -> dict[str, int]:
+    """The shards a workflow config implies: dataset -> extraction.num_shards."""
+    return {dataset: config["extraction"]["num_shards"] for dataset in sorted(config["datasets"])}
+
+
+def _check_expected_shards(findings: list[Finding], results: Path, shards: dict[str, int]) -> None:
+    for dataset, num_shards in shards.items():
+        for k in range(num_shards):
+            shard = results / "shards" / dataset / f"shard_{k}"
+            if not (shard / "manifest.json").exists() and not (shard / "progress.jsonl").exists():
+                findings.append(Finding(str(shard), False, (
+                    f"missing: the config has dataset {dataset!r} with extraction.num_shards={num_shards}; "
+                    f"`snakemake --cores all` re-extracts it and re-runs what depends on it "
+                    f"(`snakemake --cores all {shard / 'manifest.json'}` re-extracts it alone)")))
+
+
+def validate_results(results: str | Path, shards: dict[str, int] | None = None) -> list[Finding]:
+    """Check everything under `results`; `shards` (dataset -> shard count, see expected_shards) also
+    requires each of those shards to exist."""
     from draftsmith.extraction.shards import validate_shard
 
     results = Path(results)
     findings: list[Finding] = []
+    _check_expected_shards(findings, results, shards or {})
     samples_by_dataset = {}
     for path in sorted(results.glob("prepared/*/samples.parquet")):
         samples_by_dataset[path.parent.name] = _check(findings, path, lambda p=path: _check_samples(p))

@@ -2,7 +2,23 @@ import os
 import shutil
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+
+from draftsmith.config.workflow import (
+    ConfigError,
+    read_config_file,
+    replace_named_sections,
+)
+
+# Snakemake keeps the last of a key given twice in a config file, silently: re-read each file strictly.
+# The user's datasets and variants replace the embedded default's (Snakemake would add them to it).
+try:
+    for configfile_path in workflow.configfiles:
+        read_config_file(configfile_path)
+    replace_named_sections(config, workflow.configfiles)
+except ConfigError as e:
+    raise WorkflowError(str(e)) from None
 
 validate(config, "../config/schema/config.schema.yaml")
 
@@ -117,7 +133,11 @@ def training_gpus(variant):
 
 
 def all_outputs():
+    """Rule all's inputs. The shard manifests are among them because Snakemake 9 rebuilds a missing
+    intermediate only when a job after it must run: listed here, a deleted shard directory is
+    re-extracted by a plain `snakemake`, and what depends on it re-runs."""
     return [
         str(R / "report" / "report.html"),
         str(R / "report" / "report.md"),
+        *all_shard_manifests(),
     ]

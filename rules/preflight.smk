@@ -1,4 +1,5 @@
-# Seconds of checks (versions, vLLM call signatures, target config, layer ids, GPUs, disk) before any weights load.
+# Seconds of checks (versions, vLLM call signatures, target config, layer ids, seq_length, shard count, GPUs, disk)
+# before any weights load.
 # It asks for the GPUs extraction asks for and runs in extraction's environment, so it checks what extraction gets.
 # Extraction depends on its output through ancient(), so that re-running it does not re-extract.
 rule preflight:
@@ -22,7 +23,14 @@ rule preflight:
         config=canonical(
             {
                 key: config[key]
-                for key in ("results", "target", "extraction", "benchmark", "vocab")
+                for key in (
+                    "results",
+                    "target",
+                    "extraction",
+                    "benchmark",
+                    "vocab",
+                    "seq_length",
+                )
             }
         ),
         target=TARGET_SPEC,

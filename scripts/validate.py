@@ -6,7 +6,7 @@ from draftsmith.validate import validate_results
 
 def main(smk):
     log = logging.getLogger("draftsmith.validate")
-    findings = validate_results(smk.params.results)
+    findings = validate_results(smk.params.results, smk.params.shards)
     for f in findings:
         (log.info if f.ok else log.error)("%s %s: %s", "ok" if f.ok else "FAIL", f.path, f.message)
     bad = [f for f in findings if not f.ok]

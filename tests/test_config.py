@@ -1,3 +1,4 @@
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ def test_shipped_configs_validate(path):
     (lambda c: c["training"].update(total_seq_length=1000), "total_seq_length"),
     (lambda c: c["datasets"].update(extra={"source": "local"}), "path"),
     (lambda c: c["extraction"].update(aux_layer_ids=[1, 2]), "aux_layer_ids"),
+    (lambda c: c["extraction"].update(aux_layer_ids=[2, 2, 5]), "non-unique"),
     (lambda c: c.update(colour="blue"), "colour"),
 ])
 def test_bad_config_names_the_key(change, message):
@@ -47,3 +49,38 @@ def test_bad_config_stops_the_workflow_at_start(tmp_path):
     proc = snakemake(tmp_path, "-n", check=False)
     assert proc.returncode != 0
     assert "num_shards" in proc.stdout + proc.stderr and "minimum" in proc.stdout + proc.stderr
+
+
+def with_duplicate_key(tmp_path: Path) -> tuple[Path, int]:
+    """The tiny config with extraction.num_shards given twice, on consecutive lines; returns it and the first line's number."""
+    path = write_config(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("num_shards:"))
+    lines.insert(first + 1, "  num_shards: 3\n")
+    path.write_text("".join(lines))
+    return path, first + 1
+
+
+def test_duplicate_key_stops_the_workflow_naming_file_key_and_line(tmp_path):
+    path, first = with_duplicate_key(tmp_path)
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert f"{path}: line {first + 1}: key 'num_shards' is given twice (first on line {first})" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "preflight"])
+def test_duplicate_key_stops_the_cli_naming_file_key_and_line(tmp_path, command, capsys):
+    from draftsmith.cli import main
+
+    path, first = with_duplicate_key(tmp_path)
+    args = [command, str(tmp_path / "results"), "--config", str(path)] if command == "validate" else [command, "--config", str(path)]
+    with pytest.raises(SystemExit) if command == "preflight" else nullcontext():
+        assert main(args) == 2
+    assert f"{path}: line {first + 1}: key 'num_shards' is given twice (first on line {first})" in capsys.readouterr().err
+
+
+def test_shipped_configs_have_no_duplicate_keys():
+    from draftsmith.config.workflow import read_config_file
+
+    for path in sorted(REPO.glob("config/**/*.yaml")):
+        read_config_file(path)

@@ -117,6 +117,42 @@ def test_corrupt_shard_is_refused_by_validate_and_training(pipeline_run, tmp_pat
     assert not (workdir / "results" / "draft" / "default" / "config.json").exists()
 
 
+def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipeline_run, tmp_path, capsys):
+    """README's recovery for a corrupt shard: delete the shard directory and re-run `snakemake`."""
+    from draftsmith.cli import main
+    from test_pipeline import jobs_planned
+
+    workdir = copy_inputs(pipeline_run, tmp_path)
+    r = workdir / "results"
+    for sub in ("shards", "vocab", "train_state", "draft", "benchmark", "report"):
+        shutil.copytree(pipeline_run / "results" / sub, r / sub)
+    shutil.copy2(pipeline_run / "results" / "preflight.json", r / "preflight.json")
+    snakemake(workdir)  # brings the copy up to date (earlier tests may have rebuilt the session run's vocab map)
+    noop = snakemake(workdir, "-n")
+    assert "Nothing to be done" in noop.stdout + noop.stderr
+    draft = sha256_file(r / "draft" / "default" / "model.safetensors")
+    shutil.rmtree(workdir / SHARD)
+
+    missing = f"{workdir / SHARD}: missing: the config has dataset 'synthetic' with extraction.num_shards=2"
+    proc = snakemake(workdir, "validate", check=False)
+    assert proc.returncode != 0 and missing in (workdir / "logs" / "validate.log").read_text()
+    assert main(["validate", "--config", str(workdir / "config.yaml")]) == 1
+    assert missing in capsys.readouterr().out
+
+    proc = snakemake(workdir)  # the documented recovery
+    assert jobs_planned(proc) == {"extract_hidden_states": 1, "train_draft": 1, "benchmark": 1, "report": 1, "all": 1}
+    original = json.loads((pipeline_run / SHARD / "manifest.json").read_text())
+    rebuilt = json.loads((workdir / SHARD / "manifest.json").read_text())
+    assert rebuilt["samples"] == original["samples"]  # hf on the CPU is deterministic: the same files, byte for byte
+    # train_draft re-ran on it; training.resume finds the finished last epoch in train_state and exports the same draft
+    assert sha256_file(r / "draft" / "default" / "model.safetensors") == draft
+    assert (r / "report" / "report.md").stat().st_mtime > (workdir / SHARD / "manifest.json").stat().st_mtime
+    snakemake(workdir, "validate")
+    assert main(["validate", "--config", str(workdir / "config.yaml")]) == 0
+    noop = snakemake(workdir, "-n")
+    assert "Nothing to be done" in noop.stdout + noop.stderr
+
+
 def test_malformed_dataset_fails_with_file_record_and_field(pipeline_run, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join([

@@ -17,6 +17,8 @@ def test_default_layers_follow_vllm_and_bad_ids_are_rejected():
         resolve_aux_layer_ids([1, 2, 6], 6)
     with pytest.raises(ValueError, match="exactly 3"):
         resolve_aux_layer_ids([1, 2], 6)
+    with pytest.raises(ValueError, match=r"\[2, 2, 5\] \(extraction.aux_layer_ids\) repeat a layer"):
+        resolve_aux_layer_ids([2, 2, 5], 6)  # extraction and the benchmark resolve through here too
 
 
 def test_plan_batches_respects_the_token_budget_and_covers_every_sample_once():

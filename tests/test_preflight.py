@@ -36,7 +36,7 @@ def llama(tmp_path) -> Path:
     path.mkdir()
     (path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 6,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}))
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 1024}))
     return path
 
 
@@ -92,6 +92,35 @@ def test_problems_each_give_one_failing_check(llama, tmp_path):
     assert "4096 exceeds the target's vocabulary of 512" in report.problems[1]
     big = run_preflight(config(results=str(tmp_path)), str(llama), tokens=10**15, gpus=0)
     assert failing(big) == ["disk"]
+
+
+def test_seq_length_beyond_the_targets_positions_fails(llama):
+    report = run_preflight(config(seq_length=2048), str(llama), tokens=100, gpus=0)
+    assert failing(report) == ["seq length"]
+    assert "seq_length=2048 exceeds the target's max_position_embeddings=1024" in report.problems[0]
+    assert "set seq_length to at most 1024" in report.problems[0]
+    assert run_preflight(config(seq_length=1024), str(llama), tokens=100, gpus=0).ok
+
+
+@pytest.mark.parametrize("aux", [[2, 2, 5], None], ids=["configured", "default_for_6_layers"])
+def test_repeated_aux_layer_ids_fail(llama, aux):
+    cfg = config()
+    cfg["extraction"]["aux_layer_ids"] = aux  # after validation: the schema refuses a configured repeat first
+    report = run_preflight(cfg, str(llama), tokens=100, gpus=0)
+    assert failing(report) == ["layer ids"]
+    assert "repeat a layer; set extraction.aux_layer_ids to three different layers of 0..5" in report.problems[0]
+    assert ("[2, 2, 5] (extraction.aux_layer_ids)" if aux else "[2, 3, 3] (vLLM's default [2, L//2, L-3] for L=6)") \
+        in report.problems[0]
+
+
+def test_more_shards_than_samples_fails_naming_the_dataset(llama, tmp_path):
+    cfg = config(results=str(tmp_path), extraction={"num_shards": 8}, datasets={"big": {"source": "synthetic"}, "small": {"source": "synthetic"}})
+    report = run_preflight(cfg, str(llama), tokens=100, gpus=0, samples={"big": 100, "small": 5})
+    assert failing(report) == ["shard count"]
+    assert report.problems[0] == (f"shard count: dataset 'small' has 5 samples (records_kept in {tmp_path}/prepared/small/"
+                                  "stats.json) but extraction.num_shards=8, so 3 shard(s) would be empty; "
+                                  "set extraction.num_shards to at most 5")
+    assert run_preflight(cfg, str(llama), tokens=100, gpus=0, samples={"big": 100, "small": 8}).ok
 
 
 def test_missing_target_and_remote_code_opt_in(tmp_path):
@@ -157,6 +186,18 @@ def test_cli_prints_a_line_per_check_and_exits_nonzero_on_problems(llama, tmp_pa
     assert json.loads((tmp_path / "p.json").read_text())["problems"][0].startswith("draft vocab:")
 
 
+def test_cli_checks_the_shard_count_against_the_prepared_stats(llama, tmp_path, capsys):
+    stats = tmp_path / "prepared" / "synthetic" / "stats.json"
+    stats.parent.mkdir(parents=True)
+    stats.write_text(json.dumps({"records_kept": 1, "tokens": 40}))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config(results=str(tmp_path))))
+    assert main(["--config", str(path), "--target", str(llama)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"[FAIL] shard count: dataset 'synthetic' has 1 samples (records_kept in {stats}) but extraction.num_shards=2, " \
+        "so 1 shard(s) would be empty; set extraction.num_shards to at most 1" in out
+
+
 SNAKEFILE = """
 configfile: "{config}"
 include: "{repo}/rules/common.smk"
@@ -165,21 +206,39 @@ include: "{repo}/rules/preflight.smk"
 """
 
 
-def test_snakemake_preflight_rule(tiny_target, tmp_path):
-    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then writes preflight.json."""
+def snakemake_preflight(tiny_target, tmp_path, **sections) -> subprocess.CompletedProcess:
+    """`snakemake preflight` with the repo's rules on a local dataset of 20 chats for `tiny_target`."""
     from draftsmith.data.synthetic import generate_corpus
     from draftsmith.io import write_jsonl
 
     train, _ = generate_corpus(20, 1, seed=5)
     write_jsonl(tmp_path / "chats.jsonl", train)
-    cfg = config(results=str(tmp_path / "results"))
+    cfg = config(results=str(tmp_path / "results"), **sections)
     cfg["target"] = {"model": str(tiny_target), "revision": None, "trust_remote_code": False}
     cfg["datasets"] = {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl")}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "Snakefile").write_text(SNAKEFILE.format(config=tmp_path / "config.yaml", repo=REPO))
-    proc = subprocess.run([SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
+    return subprocess.run([SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
                            "preflight"], capture_output=True, text=True)
+
+
+def test_snakemake_preflight_rule(tiny_target, tmp_path):
+    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then writes preflight.json."""
+    proc = snakemake_preflight(tiny_target, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "results" / "preflight.json").read_text())
     assert result["ok"] and any(c["name"] == "disk" and "tokens" in c["message"] for c in result["checks"])
     assert "[  ok] layer ids" in (tmp_path / "logs" / "preflight.log").read_text()
+
+
+def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, tmp_path):
+    """The rule reads the prepared stats.json: 25 shards of 20 samples fail in preflight, before extraction loads a model."""
+    proc = snakemake_preflight(tiny_target, tmp_path, extraction={"num_shards": 25})
+    assert proc.returncode != 0
+    stats = tmp_path / "results" / "prepared" / "chats" / "stats.json"
+    kept = json.loads(stats.read_text())["records_kept"]
+    assert kept == 20
+    log = (tmp_path / "logs" / "preflight.log").read_text()
+    assert (f"[FAIL] shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
+            "so 5 shard(s) would be empty; set extraction.num_shards to at most 20") in log
+    assert not (tmp_path / "results" / "preflight.json").exists()

@@ -138,10 +138,11 @@ def make_inputs(root: Path) -> dict:
         for shard in range(NUM_SHARDS):
             extract(out / "samples.parquet", shard, results / "shards" / name / f"shard_{shard}", TargetSpec(str(target)),
                     {"backend": "hf", "num_shards": NUM_SHARDS, "device": "cpu", "dtype": "float32", "writer_threads": 1,
-                     "batch_tokens": 2048, "max_batch_size": 64, "aux_layer_ids": None})
+                     "batch_tokens": 2048, "max_batch_size": 64,
+                     "aux_layer_ids": [1, 2, 3]})  # vLLM's default repeats a layer at 4
     for seed, (variant, v) in enumerate(VARIANTS.items()):
         draft_dir = results / "draft" / variant
-        build_draft_config(TargetSpec(str(target)), 256, v["draft_layers"], [1, 2, 2], K).save_pretrained(draft_dir)
+        build_draft_config(TargetSpec(str(target)), 256, v["draft_layers"], [1, 2, 3], K).save_pretrained(draft_dir)
         write_metrics(draft_dir / "metrics.csv", variant, seed)
         write_benchmark(results / "benchmark" / variant, variant, v["backend"], seed)
     return {

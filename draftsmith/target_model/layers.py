@@ -22,6 +22,10 @@ def resolve_aux_layer_ids(configured: list[int] | None, num_layers: int) -> list
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
         raise ValueError(f"auxiliary layer ids {bad} are outside the target's decoder layers 0..{num_layers - 1}")
+    if len(set(ids)) != len(ids):
+        where = "extraction.aux_layer_ids" if configured else f"vLLM's default [2, L//2, L-3] for L={num_layers}"
+        raise ValueError(f"auxiliary layer ids {ids} ({where}) repeat a layer; set extraction.aux_layer_ids "
+                         f"to three different layers of 0..{num_layers - 1}")
     return ids
 
 

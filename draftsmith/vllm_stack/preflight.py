@@ -206,9 +206,7 @@ def check_layers_and_vocab(report: Verdict, config: dict, text: dict) -> None:
     layers = text.get("num_hidden_layers")
     try:
         aux = resolve_aux_layer_ids(config["extraction"]["aux_layer_ids"], layers)
-        report.add("layer ids", "ok" if len(set(aux)) == len(aux) else "warn",
-                   f"auxiliary layers {aux} of {layers} decoder layers" + ("" if len(set(aux)) == len(aux) else
-                                                                          " (a layer repeats; set extraction.aux_layer_ids)"))
+        report.add("layer ids", "ok", f"auxiliary layers {aux} of {layers} decoder layers")
         uses_vllm_states = config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm"
         if 0 in aux and uses_vllm_states:
             report.add("layer ids (vllm)", "fail", "vLLM forms the state entering layer i as hidden_states + residual, "
@@ -222,6 +220,30 @@ def check_layers_and_vocab(report: Verdict, config: dict, text: dict) -> None:
         report.add("draft vocab", "fail", f"vocab.draft_vocab_size={draft} exceeds the target's vocabulary of {target_vocab}")
     else:
         report.add("draft vocab", "ok", f"{draft} of the target's {target_vocab} tokens")
+
+
+def check_seq_length(report: Verdict, config: dict, text: dict) -> None:
+    seq_length, positions = config["seq_length"], text.get("max_position_embeddings")
+    if seq_length is None or positions is None:
+        report.add("seq length", "warn", "seq_length or the target's max_position_embeddings is unknown; not compared")
+    elif seq_length > positions:
+        report.add("seq length", "fail", f"seq_length={seq_length} exceeds the target's max_position_embeddings={positions} "
+                   f"(its config.json); set seq_length to at most {positions}")
+    else:
+        report.add("seq length", "ok", f"seq_length={seq_length} of the target's {positions} positions")
+
+
+def check_shard_count(report: Verdict, config: dict, samples: dict[str, int]) -> None:
+    """extraction.num_shards against each prepared dataset's sample count: a shard without samples fails extraction."""
+    num_shards = config["extraction"]["num_shards"]
+    small = {d: n for d, n in samples.items() if n < num_shards}
+    for dataset, n in sorted(small.items()):
+        stats = Path(config["results"]) / "prepared" / dataset / "stats.json"
+        fix = f"set extraction.num_shards to at most {n}" if n else "the dataset has no samples to extract"
+        report.add("shard count", "fail", f"dataset {dataset!r} has {n} samples (records_kept in {stats}) but "
+                   f"extraction.num_shards={num_shards}, so {num_shards - n} shard(s) would be empty; {fix}")
+    if not small:
+        report.add("shard count", "ok", f"extraction.num_shards={num_shards}; the smallest dataset has {min(samples.values())} samples")
 
 
 def check_eagle3_serving(report: Verdict, config: dict, text: dict) -> None:
@@ -277,8 +299,9 @@ def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gp
 
 
 def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int | None = None,
-                  gpus: int | None = None) -> Verdict:
-    """All checks for `config` (the workflow config) and the target at `target_path`."""
+                  gpus: int | None = None, samples: dict[str, int] | None = None) -> Verdict:
+    """All checks for `config` (the workflow config) and the target at `target_path`;
+    `samples` (dataset -> sample count, see count_samples) once the datasets are prepared."""
     report = Verdict()
     uses_vllm = config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm"
     check_versions(report, uses_vllm)
@@ -288,9 +311,12 @@ def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int
     gpus = visible_gpu_count() if gpus is None else gpus
     if text is not None:
         check_layers_and_vocab(report, config, text)
+        check_seq_length(report, config, text)
         check_eagle3_serving(report, config, text)
         check_disk(report, config, text, tokens, gpus)
     check_gpus(report, config, gpus)
+    if samples:
+        check_shard_count(report, config, samples)
     return report
 
 
@@ -304,8 +330,13 @@ def count_tokens(stats_paths) -> int | None:
     return total
 
 
+def count_samples(stats_paths) -> dict[str, int]:
+    """Samples per prepared dataset (records_kept of results/prepared/{dataset}/stats.json); missing files are left out."""
+    return {Path(p).parent.name: json.loads(Path(p).read_text())["records_kept"] for p in stats_paths if Path(p).exists()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    from draftsmith.config.workflow import load_config
+    from draftsmith.config.workflow import ConfigError, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=[], metavar="FILE",
@@ -315,11 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disable-fix", action="append", default=[], choices=compat.FIX_NAMES,
                         help="check as if this fix were off (shows what it prevents)")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        parser.error(str(e))
     results = Path(config["results"])
     target = args.target or (str(results / "target") if config["target"]["model"] == "embedded" else config["target"]["model"])
-    tokens = count_tokens([results / "prepared" / d / "stats.json" for d in config["datasets"]])
-    report = run_preflight(config, target, args.disable_fix, tokens)
+    stats = [results / "prepared" / d / "stats.json" for d in config["datasets"]]
+    report = run_preflight(config, target, args.disable_fix, count_tokens(stats), samples=count_samples(stats))
     print("\n".join(report.lines()))
     print(f"preflight: {'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
     if args.json:
