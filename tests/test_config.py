@@ -84,3 +84,24 @@ def test_shipped_configs_have_no_duplicate_keys():
 
     for path in sorted(REPO.glob("config/**/*.yaml")):
         read_config_file(path)
+
+
+def test_user_datasets_and_variants_replace_the_embedded_defaults(tmp_path):
+    """Snakemake deep-merges --configfile over config/config.yaml: a config naming its own dataset would also
+    prepare, extract and train on the synthetic corpus. Named sections are replaced instead, in both paths."""
+    from draftsmith.config.workflow import load_config
+
+    user = tmp_path / "mine.yaml"
+    user.write_text("datasets:\n  chats: {source: local, path: chats.jsonl}\nvariants:\n  wide: {draft_layers: 2}\n")
+    config = load_config([user])
+    assert config["datasets"] == {"chats": {"source": "local", "path": "chats.jsonl", "subset": None, "split": None,
+                                            "revision": None, "max_records": None}}
+    assert config["variants"] == {"wide": {"draft_layers": 2}}
+    assert load_config([])["datasets"] == {"synthetic": {"source": "synthetic", "subset": None, "split": None,
+                                                         "revision": None, "max_records": None}}
+    (tmp_path / "chats.jsonl").write_text("")
+    write_config(tmp_path, {"datasets": {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl")}},
+                            "variants": {"wide": {"draft_layers": 2}}})
+    planned = snakemake(tmp_path, "-n", check=False).stdout
+    assert "results/prepared/chats/" in planned and "results/prepared/synthetic/" not in planned
+    assert "results/draft/wide/" in planned and "results/draft/default/" not in planned
