@@ -10,8 +10,8 @@ from pathlib import Path
 
 
 def cmd_validate(args) -> int:
-    from draftsmith.validate import expected_shards, validate_results, write_findings
     from draftsmith.config.workflow import ConfigError, load_config
+    from draftsmith.validate import expected_shards, validate_results, write_findings
 
     try:
         config = load_config(args.config)

@@ -119,8 +119,9 @@ def test_corrupt_shard_is_refused_by_validate_and_training(pipeline_run, tmp_pat
 
 def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipeline_run, tmp_path, capsys):
     """README's recovery for a corrupt shard: delete the shard directory and re-run `snakemake`."""
-    from draftsmith.cli import main
     from test_pipeline import jobs_planned
+
+    from draftsmith.cli import main
 
     workdir = copy_inputs(pipeline_run, tmp_path)
     r = workdir / "results"

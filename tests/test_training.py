@@ -1,4 +1,6 @@
 import csv
+import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.driver import extract_shard
 from draftsmith.extraction.hf_backend import HFHiddenStateExtractor
 from draftsmith.extraction.shards import MANIFEST
-from draftsmith.io import sha256_file
+from draftsmith.io import read_json, sha256_file
 from draftsmith.provenance import model_fingerprint
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.attention import dense_mask, dense_mask_sdpa_forward, flex_attention_trains_on
@@ -111,19 +113,99 @@ def test_training_lowers_the_loss_and_the_checkpoint_reloads(training_inputs, ti
         assert torch.equal(state[key], saved[key].to(state[key].dtype)), key
 
 
-def test_resume_continues_from_the_last_finished_epoch(training_inputs, tiny_target):
-    _, uninterrupted = train(training_inputs, tiny_target, "uninterrupted", epochs=2)
-    out, first_part = train(training_inputs, tiny_target, "resumed", epochs=1)
+def test_resume_continues_from_the_last_finished_epoch(training_inputs, tiny_target, caplog):
+    out, uninterrupted = train(training_inputs, tiny_target, "resumed", epochs=2)
     checkpoint0 = sha256_file(out / "state" / "checkpoints" / "0" / "model.safetensors")
-    _, resumed = train(training_inputs, tiny_target, "resumed", epochs=2)
+    saved = (out / "state" / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns
+    # the state of a job killed during epoch 1: its checkpoint never renamed into place, its metric rows left behind
+    shutil.rmtree(out / "state" / "checkpoints" / "1")
+    with caplog.at_level(logging.INFO, logger="draftsmith.training.trainer"):
+        _, resumed = train(training_inputs, tiny_target, "resumed", epochs=2)
+    assert "resuming from the checkpoint of epoch 0" in caplog.text and "afresh" not in caplog.text
     assert sha256_file(out / "state" / "checkpoints" / "0" / "model.safetensors") == checkpoint0
+    # not written again (CPU training is deterministic: a retrained epoch 0 would match byte for byte)
+    assert (out / "state" / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns == saved
+    first_part = [r for r in uninterrupted if r["epoch"] == "0"]
     assert resumed[: len(first_part)] == first_part  # epoch 0 was not trained again
+    assert len(resumed) == len(uninterrupted)  # the cut-short epoch's rows were dropped, then written again
     epoch1 = [r for r in resumed if r["epoch"] == "1" and r["split"] == "train"]
     reference = [r for r in uninterrupted if r["epoch"] == "1" and r["split"] == "train"]
     assert epoch1 and int(epoch1[0]["step"]) == int(reference[0]["step"])
     # started from the saved (bf16) state: the first loss of epoch 1 matches the uninterrupted run's
     assert float(epoch1[0]["loss"]) == pytest.approx(float(reference[0]["loss"]), rel=0.05)
     assert float(epoch1[0]["loss"]) < 0.8 * float(first_part[0]["loss"])
+
+
+@pytest.fixture(scope="module")
+def finished_run(training_inputs, tiny_target):
+    """A finished one-epoch run; each test below re-runs training on a copy of its state."""
+    return train(training_inputs, tiny_target, "finished", epochs=1)
+
+
+def rerun(finished_run, inputs, tiny_target, name, caplog, **overrides):
+    shutil.copytree(finished_run[0], inputs["root"] / name)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="draftsmith.training.trainer"):
+        out, rows = train(inputs, tiny_target, name, epochs=1, **overrides)
+    return out, rows, caplog.text
+
+
+def test_rerun_on_the_same_inputs_resumes_without_training(finished_run, training_inputs, tiny_target, caplog):
+    old, old_rows = finished_run
+    out, rows, text = rerun(finished_run, training_inputs, tiny_target, "same", caplog)
+    assert "resuming from the checkpoint of epoch 0" in text and "afresh" not in text
+    assert rows == old_rows  # no epoch was trained again
+    assert sha256_file(out / "model.safetensors") == sha256_file(old / "model.safetensors")
+    checkpoint = "state/checkpoints/0/model.safetensors"
+    assert (out / checkpoint).stat().st_mtime_ns == (old / checkpoint).stat().st_mtime_ns  # copied, not rewritten
+
+
+@pytest.mark.parametrize("key,value", [("lr", 0.01), ("seed", 1)])
+def test_changed_training_parameters_train_afresh(finished_run, training_inputs, tiny_target, caplog, key, value):
+    old, _ = finished_run
+    out, rows, text = rerun(finished_run, training_inputs, tiny_target, f"changed_{key}", caplog, **{key: value})
+    assert f"training inputs changed (training.{key}): starting afresh" in text
+    assert "resuming" not in text
+    assert sha256_file(out / "model.safetensors") != sha256_file(old / "model.safetensors")
+    assert read_json(out / "state" / "fingerprint.json")["training"][key] == value
+    if key == "lr":
+        assert {float(r["lr"]) for r in rows if r["split"] == "train"} == {value}
+
+
+@pytest.mark.parametrize("change", ["shards", "vocab"])
+def test_changed_shards_or_vocab_map_train_afresh(finished_run, training_inputs, tiny_target, caplog, change):
+    old, _ = finished_run
+    inputs = dict(training_inputs)
+    if change == "shards":
+        inputs["manifests"] = training_inputs["manifests"][:1]
+        changed = "shards"
+    else:  # a vocab map of the same size over other tokens, as another dataset's frequencies would give
+        d2t, t2d = build_vocab_map({t: 1 for t in range(512)}, 256, 512)
+        inputs["d2t"], inputs["t2d"] = (str(training_inputs["root"] / f"other_{n}.npy") for n in ("d2t", "t2d"))
+        save_npy(inputs["d2t"], d2t)
+        save_npy(inputs["t2d"], t2d)
+        changed = "d2t, t2d"
+    out, rows, text = rerun(finished_run, inputs, tiny_target, f"changed_{change}", caplog)
+    assert f"training inputs changed ({changed}): starting afresh" in text
+    assert "resuming" not in text
+    assert sha256_file(out / "model.safetensors") != sha256_file(old / "model.safetensors")
+    if change == "shards":
+        assert "from 1 shards" in text
+
+
+def test_a_state_without_fingerprint_trains_afresh(finished_run, training_inputs, tiny_target, caplog):
+    old, _ = finished_run
+    state = training_inputs["root"] / "no_fingerprint" / "state"
+    shutil.copytree(old, state.parent)
+    (state / "fingerprint.json").unlink(missing_ok=True)  # a state directory written before fingerprints existed
+    saved = (state / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="draftsmith.training.trainer"):
+        train(training_inputs, tiny_target, "no_fingerprint", epochs=1)
+    assert "has no fingerprint of its training inputs (an older draftsmith wrote it): starting afresh" in caplog.text
+    assert "resuming" not in caplog.text
+    assert (state / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns > saved  # epoch 0 trained again
+    assert read_json(state / "fingerprint.json") == read_json(old / "state" / "fingerprint.json")
 
 
 def test_mismatched_inputs_are_refused(training_inputs, tiny_target, tmp_path):

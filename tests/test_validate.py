@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import write_config
+
 from draftsmith.cli import main
 
 

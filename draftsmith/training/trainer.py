@@ -7,7 +7,8 @@ draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
   means a CUDA device; draftsmith passes a `torch.device` instead.
 - Resume: the single-process checkpointer loads onto "cuda:0"; draftsmith's subclass loads
   onto the training device. Checkpoints are written to a staging directory and renamed, so a
-  job killed while saving leaves no half-written epoch to resume from.
+  job killed while saving leaves no half-written epoch to resume from. The state directory
+  records a fingerprint of the training inputs; a run resumes only when they are unchanged.
 - Metrics: the Trainer logs to the `speculators.metrics` logger; a handler writes them to a
   CSV (per step and per epoch) and drives a plain tqdm bar.
 Training targets come from the last stored layer, which draftsmith's shards store after
@@ -30,8 +31,8 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.extraction.shards import shard_files, validate_shard
-from draftsmith.io import atomic_path, read_json
-from draftsmith.provenance import same_model
+from draftsmith.io import atomic_path, read_json, sha256_bytes, sha256_file, write_json
+from draftsmith.provenance import package_versions, same_model
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.vocab import load_vocab_map
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.csv"
+FINGERPRINT = "fingerprint.json"
 
 
 class TrainingInputError(ValueError):
@@ -153,6 +155,59 @@ def drop_metrics_from(path: Path, first_epoch: int) -> None:
         csv.writer(f).writerows(kept)
 
 
+def training_fingerprint(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, training: dict, gpus: int) -> dict:
+    """Everything that determines the trained weights, as it reads back from JSON.
+
+    Shards count by their sample list (each file's sha256 and length), not by the whole manifest,
+    whose timing fields change when a shard is extracted again to the same bytes. `resume` only
+    says whether to resume; the GPU count sets the world size and so the data order.
+    """
+    shards = []
+    for path in manifests:
+        m = read_json(path)
+        shards.append({"aux_layer_ids": m["aux_layer_ids"],
+                       "samples_list_sha256": sha256_bytes(json.dumps(m["samples"], sort_keys=True).encode())})
+    fingerprint = {
+        "shards": shards,
+        "d2t": sha256_file(d2t),
+        "t2d": sha256_file(t2d),
+        "target": target.fingerprint(),
+        "training": {k: v for k, v in training.items() if k != "resume"},
+        "versions": package_versions(("speculators", "draftsmith")),
+        "gpus": gpus,
+    }
+    return json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            nested = isinstance(a, dict) and isinstance(b, dict)
+            keys += changed_keys(a, b, f"{prefix}{key}.") if nested else [prefix + key]
+    return keys
+
+
+def prepare_state(state_dir: Path, fingerprint: dict, resume: bool) -> None:
+    """Keep the checkpoints only to resume on the same inputs; record the inputs before training.
+
+    Old checkpoints and metrics are removed before the new fingerprint is written, so a job
+    killed in between never leaves new inputs paired with old checkpoints.
+    """
+    path = state_dir / FINGERPRINT
+    old = read_json(path) if path.exists() else None
+    if resume and old == fingerprint:
+        return
+    if resume and old is not None:
+        log.info("training inputs changed (%s): starting afresh", ", ".join(changed_keys(old, fingerprint)))
+    elif resume and (state_dir / CHECKPOINTS).exists():
+        log.info("%s has no fingerprint of its training inputs (an older draftsmith wrote it): starting afresh", state_dir)
+    shutil.rmtree(state_dir / CHECKPOINTS, ignore_errors=True)
+    (state_dir / METRICS).unlink(missing_ok=True)
+    write_json(path, fingerprint)
+
+
 def make_trainer_class():
     from speculators.train.checkpointer import SingleGPUCheckpointer, convert_float_dtype, load_safetensors_state_dict
     from speculators.train.trainer import Trainer
@@ -241,8 +296,6 @@ def run_training(args: dict) -> None:
     state_dir = Path(args["state_dir"])
     checkpoints = state_dir / CHECKPOINTS
     metrics_path = state_dir / METRICS
-    if not cfg["resume"] and rank == 0:
-        shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     call_kwargs = {"use_off_policy_tokens": False, "ttt_steps": cfg["ttt_steps"], "ttt_step_loss_decay": cfg["ttt_step_loss_decay"]}
     trainer_config = TrainerConfig(
@@ -299,6 +352,7 @@ def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, tr
     check_inputs(manifests, *load_vocab_map(d2t, t2d), target)
     for m in manifests:
         validate_shard(Path(m).parent, deep=True)
+    prepare_state(Path(state_dir), training_fingerprint(manifests, d2t, t2d, target, training, gpus), training["resume"])
     args = {"manifests": list(map(str, manifests)), "d2t": str(d2t), "t2d": str(t2d), "target": target.to_dict(),
             "training": training, "state_dir": str(state_dir), "variant": variant, "gpus": gpus,
             "num_workers": min(8, max(0, (os.cpu_count() or 1) // max(1, gpus) - 1)) if gpus > 0 else 0}
