@@ -57,9 +57,10 @@ $(ENGINE_STAMP): $(ENGINE_LOCK) pyproject.toml
 
 install-engine: $(ENGINE_STAMP)
 
-# tests/engine under the engine venv: a skip there (vllm not importable) or no test collected is a failure.
+# tests/engine (the real engine) and tests/contract (on the engine's CPU platform) under the engine venv:
+# a skip there (an engine that cannot run: a broken install) or no test collected is a failure.
 test-engine: $(ENGINE_STAMP)
-	$(ENGINE_BIN)/python -m pytest tests/engine -rs $(PYTEST_ARGS) -p no:cacheprovider \
+	$(ENGINE_BIN)/python -m pytest tests/engine tests/contract -rs $(PYTEST_ARGS) \
 		--junitxml=$(ENGINE_VENV)/engine-tests.xml; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-engine: pytest collected no tests" >&2; exit 1; fi; \
 	[ $$rc -eq 0 ] || exit $$rc; \
@@ -71,10 +72,11 @@ demo: install
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)
 	@echo "Report: results/report/report.html (summary: results/report/report.md)"
 
-# pytest exits 5 when it collected no tests: that is a failure too.
-test: install $(CONTRACT_STAMP)
+# pytest exits 5 when it collected no tests: that is a failure too. Then the real engine (test-engine).
+test: install $(CONTRACT_STAMP) $(ENGINE_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(MAKE) --no-print-directory test-engine
 
 lint: install
 	$(BIN)/snakemake --lint
