@@ -38,6 +38,9 @@ ENGINE_STAMP := $(ENGINE_VENV)/.draftsmith-engine-installed-$(VLLM_CPU_ISA)
 .PHONY: install-engine test-engine
 
 $(ENGINE_STAMP): $(ENGINE_LOCK) pyproject.toml
+	@# installs into the engine venv only, never into another interpreter named on the command line
+	@test "$(abspath $(ENGINE_BIN))" = "$(abspath $(ENGINE_VENV))/bin" -a "$(abspath $(ENGINE_VENV))" != "$(abspath $(VENV))" \
+		|| { echo "refusing to install the engine stack: ENGINE_BIN=$(ENGINE_BIN) is not $(ENGINE_VENV)/bin, or ENGINE_VENV is VENV" >&2; exit 1; }
 	@# the engine's _C links libnuma.so.1 (CI runs as root)
 	ldconfig -p | grep -q 'libnuma\.so\.1 ' || { apt-get update -q && apt-get install -y -q libnuma1; }
 	test -x $(ENGINE_BIN)/python || $(PYTHON) -m venv $(ENGINE_VENV)
@@ -60,13 +63,15 @@ install-engine: $(ENGINE_STAMP)
 # tests/engine (the real engine) and tests/contract (on the engine's CPU platform) under the engine venv:
 # a skip there (an engine that cannot run: a broken install) or no test collected is a failure.
 test-engine: $(ENGINE_STAMP)
-	$(ENGINE_BIN)/python -m pytest tests/engine tests/contract -rs $(PYTEST_ARGS) \
+	$(ENGINE_BIN)/python -m pytest tests/engine tests/contract -rs $(PYTEST_ARGS) -o junit_family=xunit1 \
 		--junitxml=$(ENGINE_VENV)/engine-tests.xml; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-engine: pytest collected no tests" >&2; exit 1; fi; \
 	[ $$rc -eq 0 ] || exit $$rc; \
 	$(ENGINE_BIN)/python -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
 		s = r if r.tag == "testsuite" else r[0]; n, k = int(s.get("tests")), int(s.get("skipped")); \
-		print(f"test-engine: {n} tests, {k} skipped"); sys.exit(1 if k or not n else 0)' $(ENGINE_VENV)/engine-tests.xml
+		d = [p.get("value") for p in r.iter("property") if p.get("name") == "max_abs_diff_vs_hf"]; \
+		print(f"test-engine: {n} tests, {k} skipped; max |vllm - hf| of the shard states: {d[0] if d else None}"); \
+		sys.exit(1 if k or not n else 0)' $(ENGINE_VENV)/engine-tests.xml
 
 demo: install
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)

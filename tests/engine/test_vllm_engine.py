@@ -76,9 +76,10 @@ def gen(target):
 @pytest.fixture(autouse=True)
 def engine_left_clean(request):
     """After each test that used the engine: back to a clean state, and still extracting what it should."""
+    uses_engine = "gen" in request.fixturenames
+    gen, samples = (request.getfixturevalue("gen"), request.getfixturevalue("samples")) if uses_engine else (None, None)
     yield
-    if "gen" in request.fixturenames:
-        gen, samples = request.getfixturevalue("gen"), request.getfixturevalue("samples")
+    if uses_engine:
         reset_engine(gen)
         batch = batch_of(samples, 3)
         assert [r["input_ids"].tolist() for r in gen.generate(batch)] == batch, "the engine did not recover"
