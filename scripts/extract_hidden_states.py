@@ -15,4 +15,7 @@ def main(smk):
     )
 
 
-run(main, snakemake)  # noqa: F821
+# The guard matters with the vllm backend: where vLLM starts its workers with `spawn` (always on its CPU platform;
+# on CUDA once CUDA is initialised), each worker re-runs this file as __mp_main__, where `snakemake` is undefined.
+if __name__ == "__main__":
+    run(main, snakemake)  # noqa: F821

