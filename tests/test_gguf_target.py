@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftsmith import gguf_target
-from draftsmith.gguf_target import END_OF_TURN, GGUFTargetError
+from draftsmith.target_model.gguf import END_OF_TURN, GGUFTargetError
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -51,7 +51,7 @@ def test_directory_and_provenance(imported):
 
 
 def test_tokenizer_loads_back_with_chat_template_and_eos(imported):
-    from draftsmith.models import load_tokenizer
+    from draftsmith.target_model.spec import load_tokenizer
 
     out, _, _, tokenizer = imported
     loaded = load_tokenizer(str(out))

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from draftsmith import mtbench
-from draftsmith.mtbench import PromptDataError
+from draftsmith.data.mtbench import PromptDataError
 
 
 def test_questions_counts_and_fields():
@@ -39,8 +39,8 @@ def test_select_per_category_is_balanced_and_deterministic():
 
 
 def test_prompt_records_load_as_benchmark_prompts(tmp_path):
+    from draftsmith.data.prompts import load_prompts
     from draftsmith.io import write_jsonl
-    from draftsmith.prompts import load_prompts
 
     records = mtbench.as_prompt_records(mtbench.select_questions(mtbench.load_questions(), per_category=1))
     path = tmp_path / "mtbench.jsonl"

@@ -37,7 +37,7 @@ def test_answers_every_prompt_in_order(tiny_target, tmp_path):
     assert stats["new_tokens"] == sum(r["num_new_tokens"] for r in got)
     assert not (tmp_path / "answers.jsonl.chunks").exists()
     # the output is a chat dataset draftsmith can prepare: each record has a user turn and a reply
-    from draftsmith.chat_data import normalise
+    from draftsmith.data.chat_data import normalise
 
     assert all(normalise(r)[-1]["role"] == "assistant" for r in got)
 
@@ -85,7 +85,7 @@ def test_resumes_finished_chunks_and_recomputes_on_mismatch(tiny_target, tmp_pat
         regen.regenerate(prompts(), tiny_target, out, **kwargs)
     calls.clear()
     monkeypatch.setattr(regen, "_generate_chunk", lambda *a, **k: (calls.append(a[2][0]["id"]), real(*a, **k))[1])
-    with caplog.at_level(logging.WARNING, logger="draftsmith.regenerate"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
         stats = regen.regenerate(prompts(), tiny_target, out, **{**kwargs, "max_new_tokens": 5})
     assert "changed: max_new_tokens" in caplog.text and "recomputing" in caplog.text
     assert calls == ["p0", "p2", "p4", "p6"] and stats["chunks_reused"] == 0
@@ -99,7 +99,7 @@ def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, m
     with pytest.raises(RuntimeError):
         regen.regenerate(prompts(3), tiny_target, out, max_new_tokens=4, chunk_size=2, show_progress=False)
     assert (chunk_dir / "manifest.json").is_file()
-    with caplog.at_level(logging.WARNING, logger="draftsmith.regenerate"), pytest.raises(RuntimeError):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"), pytest.raises(RuntimeError):
         regen.regenerate(prompts(4), tiny_target, out, max_new_tokens=4, chunk_size=2, show_progress=False)
     assert "changed: prompts" in caplog.text
 

@@ -33,12 +33,12 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 
 
 def load_prompt_records(prompts) -> list[dict]:
-    """`[{"id", "messages"}]` from a JSONL path (any format draftsmith.prompts reads) or a list of records.
+    """`[{"id", "messages"}]` from a JSONL path (any format draftsmith.data.prompts reads) or a list of records.
 
-    Each prompt is its system turns plus the first user turn (what draftsmith.prompts takes).
+    Each prompt is its system turns plus the first user turn (what draftsmith.data.prompts takes).
     """
     if isinstance(prompts, (str, Path)):
-        from draftsmith.prompts import load_prompts
+        from draftsmith.data.prompts import load_prompts
 
         path = Path(prompts)
         lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())

@@ -199,7 +199,6 @@ def import_gguf_target(out_dir: str | Path, gguf_path: str | Path | None = None,
 def import_and_load(out_dir: str | Path, gguf_path: str | Path | None = None,
                     expected_sha256: str = GGUF_SHA256, dtype: str = "float32"):
     """`import_gguf_target`, also returning the GGUF-loaded (model, tokenizer) it saved: (provenance, model, tokenizer)."""
-    import gguf
     import transformers
 
     started = time.perf_counter()
