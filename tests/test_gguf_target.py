@@ -8,7 +8,7 @@ import stat
 import pytest
 import torch
 
-from draftsmith import gguf_target
+from draftsmith.target_model import gguf as gguf_target
 from draftsmith.target_model.gguf import END_OF_TURN, GGUFTargetError
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

