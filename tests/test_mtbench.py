@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from draftsmith import mtbench
+from draftsmith.data import mtbench
 from draftsmith.data.mtbench import PromptDataError
 
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from draftsmith import regenerate as regen
+from draftsmith.data import regenerate as regen
 from draftsmith.io import write_jsonl
 
 QUESTIONS = ["What is the weather like?", "Tell me a story.", "How many legs does a cat have?", "Say hi.",
@@ -105,7 +105,7 @@ def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, m
 
 
 def test_prompts_from_jsonl(tiny_target, tmp_path):
-    from draftsmith import mtbench
+    from draftsmith.data import mtbench
 
     path = tmp_path / "prompts.jsonl"
     write_jsonl(path, mtbench.as_prompt_records(mtbench.select_questions(mtbench.load_questions(), 1))[:3])
