@@ -51,10 +51,10 @@ def test_directory_and_provenance(imported):
 
 
 def test_tokenizer_loads_back_with_chat_template_and_eos(imported):
-    from draftsmith.target_model.spec import load_tokenizer
+    from draftsmith.target_model.spec import TargetSpec
 
     out, _, _, tokenizer = imported
-    loaded = load_tokenizer(str(out))
+    loaded = TargetSpec(str(out)).load_tokenizer()
     assert loaded.chat_template == tokenizer.chat_template and END_OF_TURN in loaded.chat_template
     assert loaded.eos_token == END_OF_TURN == loaded.pad_token
     eot = loaded.convert_tokens_to_ids(END_OF_TURN)
