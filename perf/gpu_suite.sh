@@ -2,6 +2,7 @@
 # The GPU measurements in few calls to the GPU machine (its image: python3 with torch, no network).
 #   perf/gpu_suite.sh pipeline   # install carried wheels; the whole DAG on config/gpu.yaml (hf backend, GPU training, offline benchmark)
 #   perf/gpu_suite.sh perf       # extraction throughput (reference preset) and training throughput vs speculators' recipe
+#   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run)
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,9 @@ pipeline)
     results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
     results-gpu/target/draftsmith_target.json $(ls results-gpu/shards/*/*/manifest.json 2>/dev/null) || true
   exit "${status:-0}"
+  ;;
+extraction)
+  python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"
   ;;
 perf)
   python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"
