@@ -170,8 +170,8 @@ def test_malformed_dataset_fails_with_file_record_and_field(pipeline_run, tmp_pa
     assert proc.returncode != 0
     log = (workdir / "logs" / "prepare_dataset" / "broken.log").read_text()
     assert "dataset 'broken' has no usable records" in log
-    assert f"{bad}: record 1 (id line 2)" in log and "invalid JSON" in log
-    assert "record 3 (id r4)" in log and "messages[0].content is int" in log
+    assert f"{bad}: line 2: invalid JSON" in log
+    assert f"{bad}: line 4 (id r4): messages[0].content is int" in log
     assert "starts with an assistant turn" in log
     assert ("skipped by reason: {'invalid_json': 1, 'no_assistant_turn': 1, 'non_string_content': 1, "
             "'starts_with_assistant': 1}") in log

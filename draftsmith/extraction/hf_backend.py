@@ -13,7 +13,6 @@ import functools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -54,7 +53,6 @@ class BatchStates:
     lengths: list[int]
     states: torch.Tensor  # [num_layers, batch, max_len, hidden]
     ready: torch.cuda.Event | None = None
-    release: Callable[[], None] = lambda: None  # called once every sample of the batch is written
 
     def sample(self, row: int) -> list[torch.Tensor]:
         if self.ready is not None:
@@ -62,23 +60,6 @@ class BatchStates:
         n = self.lengths[row]
         # clone: torch.save of a view would serialise the whole batch storage
         return [self.states[layer, row, :n].clone() for layer in range(self.states.shape[0])]
-
-
-class PinnedPool:
-    """Page-locked host buffers reused from batch to batch: pinning a few hundred MB for every batch
-    costs more than copying into it. Used from the extraction loop's thread only."""
-
-    def __init__(self):
-        self.free: list[torch.Tensor] = []
-
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        for i, buffer in enumerate(self.free):
-            if buffer.numel() >= numel and buffer.dtype == dtype:
-                return self.free.pop(i)
-        return torch.empty(numel, dtype=dtype, pin_memory=True)
-
-    def give(self, buffer: torch.Tensor) -> None:
-        self.free.append(buffer)
 
 
 class HFHiddenStateExtractor:
@@ -95,7 +76,6 @@ class HFHiddenStateExtractor:
         self.aux_layer_ids = list(aux_layer_ids)
         self.hidden_size = self.config.hidden_size
         self._captured: dict[str, torch.Tensor] = {}
-        self._pinned = PinnedPool()
         for layer_id in self.aux_layer_ids:
             self.decoder.layers[layer_id].register_forward_pre_hook(self._pre_hook(f"aux{layer_id}"), with_kwargs=True)
         self.decoder.norm.register_forward_hook(self._post_hook("final"))
@@ -136,12 +116,11 @@ class HFHiddenStateExtractor:
     def to_host(self, states: torch.Tensor, indices: list[int], lengths: list[int]) -> BatchStates:
         if self.device.type != "cuda":
             return BatchStates(indices, lengths, states)
-        flat = self._pinned.take(states.numel(), states.dtype)
-        host = flat[: states.numel()].view(states.shape)
+        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)  # torch's host allocator caches these
         host.copy_(states, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return BatchStates(indices, lengths, host, ready, release=lambda: self._pinned.give(flat))
+        return BatchStates(indices, lengths, host, ready)
 
     def sample_states(self, input_ids: list[int]) -> list[torch.Tensor]:
         """States of a single sample (no batching); the reference for tests and the batch-1 benchmark."""
@@ -156,22 +135,19 @@ def run_batches(extractor: HFHiddenStateExtractor, samples: list[list[int]], bat
     error is raised here as soon as it is seen.
     """
     max_in_flight = 3
-    in_flight: list[tuple[BatchStates, list[Future]]] = []
+    in_flight: list[list[Future]] = []
 
     def finish_oldest():
-        host, futures = in_flight.pop(0)
-        for f in futures:
+        for f in in_flight.pop(0):
             f.result()
-        host.release()
 
     with ThreadPoolExecutor(max_workers=writers) as pool:
         for batch in batches:
             lengths = [len(samples[i]) for i in batch]
             states = extractor.forward([samples[i] for i in batch])
             host = extractor.to_host(states, batch, lengths)
-            in_flight.append((host, [pool.submit(on_sample, index, functools.partial(host.sample, row))
-                                     for row, index in enumerate(batch)]))
-            while len(in_flight) > max_in_flight or (in_flight and all(f.done() for f in in_flight[0][1])):
+            in_flight.append([pool.submit(on_sample, index, functools.partial(host.sample, row)) for row, index in enumerate(batch)])
+            while len(in_flight) > max_in_flight or (in_flight and all(f.done() for f in in_flight[0])):
                 finish_oldest()
             if progress is not None:
                 progress(sum(lengths))
