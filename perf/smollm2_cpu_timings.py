@@ -5,7 +5,7 @@
     auxiliary layers + final norm), right-padded batches planned by plan_batches(batch_tokens)
 (c) batched greedy `generate` (left padding) for self-distillation: raw tokens/s with eos ignored,
     and useful tokens/s on the real training prompts stopping at <|im_end|>
-(d) target-only greedy decode at batch size 1 (draftsmith.spec_decode.greedy_decode) on MT-Bench
+(d) target-only greedy decode at batch size 1 (draftsmith.benchmark.spec_decode.greedy_decode) on MT-Bench
 
 Each row records wall seconds and the process's CPU seconds; on a shared machine the load average
 is printed beside it. With more runnable threads than cores, torch's OpenMP regions wait for
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith import mtbench  # noqa: E402
-from draftsmith.gguf_target import END_OF_TURN, import_gguf_target  # noqa: E402
+from draftsmith.data import mtbench  # noqa: E402
+from draftsmith.target_model.gguf import END_OF_TURN, import_gguf_target  # noqa: E402
 from draftsmith.io import write_text  # noqa: E402
 
 ROWS: list[dict] = []
@@ -88,8 +88,8 @@ def extraction_sequences(tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> 
 
 
 def time_extraction(target: str, batch_tokens_list: list[int], n: int) -> None:
-    from draftsmith.hidden_states import HFHiddenStateExtractor, plan_batches
-    from draftsmith.layers import default_aux_layer_ids
+    from draftsmith.extraction.hf_backend import HFHiddenStateExtractor, plan_batches
+    from draftsmith.target_model.layers import default_aux_layer_ids
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)
@@ -153,7 +153,7 @@ def time_generation(model, tokenizer, batch_sizes: list[int], new_tokens: list[i
 
 
 def time_batch1(model, tokenizer, n: int, max_new: int) -> None:
-    from draftsmith.spec_decode import TargetModel, greedy_decode
+    from draftsmith.benchmark.spec_decode import TargetModel, greedy_decode
 
     eot = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     questions = mtbench.select_questions(mtbench.load_questions(), per_category=1)[:n]
