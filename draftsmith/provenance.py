@@ -56,3 +56,14 @@ def device_description(device) -> str:
 
         return f"cuda: {torch.cuda.get_device_name(device)}"
     return f"cpu: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted keys in which two fingerprints differ, for a log line that says what changed."""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            nested = isinstance(a, dict) and isinstance(b, dict)
+            keys += changed_keys(a, b, f"{prefix}{key}.") if nested else [prefix + key]
+    return keys

@@ -25,7 +25,7 @@ from draftsmith.benchmark.spec_decode import (
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
-from draftsmith.target_model.spec import TargetSpec
+from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 from draftsmith.training.draft_model import build_draft, load_draft
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,6 @@ def check_settings(cfg: dict) -> None:
     for key in ("num_speculative_tokens", "max_new_tokens"):
         if int(cfg[key]) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
-
-
-def stop_token_ids(tokenizer, model) -> set[int]:
-    """The tokenizer's eos token, plus any the target's generation config adds (chat models often end turns there)."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
-    if not ids:
-        raise ValueError("the target's tokenizer has no eos token; generation would only stop at max_new_tokens")
-    return ids
 
 
 def draft_aux_layer_ids(draft, num_layers: int) -> list[int]:

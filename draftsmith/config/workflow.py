@@ -61,8 +61,9 @@ def user_files(paths) -> list[Path]:
 
 def replace_named_sections(config: dict, paths) -> dict:
     """`datasets` and `variants` as the user's files give them (merged across those files), where any does."""
+    files = [read_config_file(p) for p in user_files(paths)]
     for key in NAMED_SECTIONS:
-        given = [read_config_file(p)[key] for p in user_files(paths) if key in read_config_file(p)]
+        given = [f[key] for f in files if key in f]
         if given:
             config[key] = functools.reduce(deep_merge, given, {})
     return config

@@ -25,6 +25,8 @@ import shutil
 from pathlib import Path
 
 from draftsmith.io import read_json, sha256_file, write_json, write_jsonl
+from draftsmith.provenance import changed_keys
+from draftsmith.target_model.spec import stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -76,21 +78,6 @@ def model_fingerprint(target_dir: str | Path) -> dict:
 
 def fingerprint_of(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def _changed(old: dict, new: dict) -> list[str]:
-    keys = sorted(set(old) | set(new))
-    return [k for k in keys if old.get(k) != new.get(k)]
-
-
-def stop_ids(tokenizer, model) -> list[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    extra = model.generation_config.eos_token_id
-    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
-    ids.discard(None)
-    if not ids:
-        raise ValueError("the target has no eos token; answers would always run to max_new_tokens")
-    return sorted(ids)
 
 
 def _generate_chunk(model, tokenizer, records: list[dict], params: dict, eos: list[int], seed: int, progress) -> list[dict]:
@@ -160,7 +147,7 @@ def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_t
         old = read_json(manifest_path)
         if old.get("fingerprint") != fingerprint:
             log.warning("regenerate: %s holds chunks for other inputs (changed: %s); recomputing them", chunk_dir,
-                        ", ".join(_changed(old.get("parts", {}), parts)) or "format")
+                        ", ".join(changed_keys(old.get("parts", {}), parts)) or "format")
             shutil.rmtree(chunk_dir)
     chunk_dir.mkdir(parents=True, exist_ok=True)
     write_json(manifest_path, {"fingerprint": fingerprint, "parts": parts, "num_prompts": len(records)})
@@ -180,7 +167,7 @@ def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_t
     if todo:
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
         model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype)).to(device).eval()
-        eos = stop_ids(tokenizer, model)
+        eos = sorted(stop_token_ids(tokenizer, model))
         progress = tqdm(total=sum(len(chunks[c]) for c in todo), desc="regenerate", unit="prompt",
                         disable=not show_progress)
         for c in todo:

@@ -56,3 +56,14 @@ class TargetSpec:
         from draftsmith.provenance import model_fingerprint
 
         return {**model_fingerprint(self.model), "revision": self.revision}
+
+
+def stop_token_ids(tokenizer, model) -> set[int]:
+    """The tokenizer's eos token, plus any the target's generation config adds (chat models often end turns there)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
+    ids.discard(None)
+    if not ids:
+        raise ValueError("the target's tokenizer has no eos token; generation would only stop at max_new_tokens")
+    return ids

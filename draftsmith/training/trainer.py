@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from draftsmith.extraction.shards import shard_files, validate_shard
 from draftsmith.io import atomic_path, read_json, sha256_bytes, sha256_file, write_json
-from draftsmith.provenance import package_versions, same_model
+from draftsmith.provenance import changed_keys, package_versions, same_model
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.vocab import load_vocab_map
 
@@ -177,16 +177,6 @@ def training_fingerprint(manifests: list[str], d2t: str, t2d: str, target: Targe
         "gpus": gpus,
     }
     return json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
-
-
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if a != b:
-            nested = isinstance(a, dict) and isinstance(b, dict)
-            keys += changed_keys(a, b, f"{prefix}{key}.") if nested else [prefix + key]
-    return keys
 
 
 def prepare_state(state_dir: Path, fingerprint: dict, resume: bool) -> None:
