@@ -12,6 +12,9 @@ from draftsmith.io import sha256_file
 PIPELINE_PACKAGES = ("torch", "transformers", "speculators", "vllm", "datasets", "snakemake", "draftsmith")
 # weight files up to this size are hashed; larger targets are identified by config hash and total size
 HASH_WEIGHTS_UP_TO = 2 << 30
+# what, besides config and weights, decides the target's tokens and answers
+MODEL_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "chat_template.jinja", "draftsmith_provenance.json")
 
 
 def package_versions(names=PIPELINE_PACKAGES) -> dict:
@@ -39,12 +42,15 @@ def model_fingerprint(model_path: str | Path) -> dict:
     }
     if total <= HASH_WEIGHTS_UP_TO:
         fingerprint["weights_sha256"] = {p.name: sha256_file(p) for p in weights}
+    fingerprint["files_sha256"] = {n: sha256_file(path / n) for n in MODEL_FILES if (path / n).is_file()}
     return fingerprint
 
 
 def same_model(recorded: dict, current: dict) -> bool:
     """Whether a recorded fingerprint (in a manifest or train state) is the current target's."""
     if recorded.get("config_sha256") != current.get("config_sha256"):
+        return False
+    if "files_sha256" in current and recorded.get("files_sha256") != current["files_sha256"]:
         return False
     return "weights_sha256" not in current or recorded.get("weights_sha256") == current["weights_sha256"]
 

@@ -1,8 +1,28 @@
+# The prompt set, written once: every variant and backend is measured on the same file, and the
+# training data can be checked against it.
+rule benchmark_prompts:
+    input:
+        benchmark_prompts_input(),
+    output:
+        R / "benchmark" / "prompts.jsonl",
+    log:
+        "logs/benchmark_prompts.log",
+    conda:
+        "../envs/core.yaml"
+    resources:
+        gpu=0,
+        mem_mb=1000,
+    params:
+        spec=benchmark_prompts_spec(),
+    script:
+        "../scripts/benchmark_prompts.py"
+
+
 rule benchmark:
     input:
         draft_config=R / "draft" / "{variant}" / "config.json",
         draft_weights=R / "draft" / "{variant}" / "model.safetensors",
-        prompts=benchmark_prompts_input(),
+        prompts=R / "benchmark" / "prompts.jsonl",
         target=target_input(),
         d2t=R / "vocab" / "d2t.npy",
         t2d=R / "vocab" / "t2d.npy",
@@ -25,5 +45,6 @@ rule benchmark:
         target=TARGET_SPEC,
         benchmark=canonical(config["benchmark"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
+        methods=lambda wc: variant_methods(wc.variant),
     script:
         "../scripts/benchmark.py"

@@ -10,6 +10,12 @@ from draftsmith.config.workflow import (
     read_config_file,
     replace_named_sections,
 )
+from draftsmith.data.mtbench import (
+    PromptDataError,
+    fastchat_conversations_file,
+    mt_bench_questions_file,
+)
+from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
 # Snakemake keeps the last of a key given twice in a config file, silently: re-read each file strictly.
 # The user's datasets and variants replace the embedded default's (Snakemake would add them to it).
@@ -31,8 +37,12 @@ os.environ.update(
 )
 
 R = Path(config["results"])
-EMBEDDED = config["target"]["model"] == "embedded"
+# Targets the workflow makes itself, into R / "target": "embedded" is pretrained by rule build_target,
+# the packaged SmolLM2 is imported from its GGUF by rule import_target.
+BUILT_TARGETS = {"embedded": "build_target", "smollm2-135m-instruct": "import_target"}
+TARGET_RULE = BUILT_TARGETS.get(config["target"]["model"])
 DATASETS = sorted(config["datasets"])
+REGENERATED = [d for d in DATASETS if config["datasets"][d]["regenerate"]]
 VARIANTS = sorted(config["variants"])
 NUM_SHARDS = config["extraction"]["num_shards"]
 
@@ -58,7 +68,7 @@ def canonical(value):
 # params it can evaluate while building the DAG, so a changed revision or trust_remote_code re-runs them.
 TARGET_SPEC = canonical(
     {
-        "model": str(R / "target") if EMBEDDED else config["target"]["model"],
+        "model": str(R / "target") if TARGET_RULE else config["target"]["model"],
         "revision": config["target"]["revision"],
         "trust_remote_code": config["target"]["trust_remote_code"],
         "dtype": config["target"]["dtype"],
@@ -68,19 +78,50 @@ TARGET_SPEC = canonical(
 
 def target_input():
     """The target as a file dependency when the workflow builds it."""
-    return [str(R / "target")] if EMBEDDED else []
+    return [str(R / "target")] if TARGET_RULE else []
 
 
-def dataset_spec(dataset):
+def packaged(locate):
+    """A data file of an installed package, found while the DAG is built: a missing package stops the
+    workflow before any job runs, with the command that installs it."""
+    try:
+        return str(locate())
+    except (GGUFTargetError, PromptDataError) as e:
+        raise WorkflowError(str(e)) from None
+
+
+def raw_dataset_spec(dataset):
+    """The dataset as prepare_dataset (or regenerate) reads it: files the workflow or a package provides
+    become source=local."""
     spec = dict(config["datasets"][dataset])
     if spec["source"] == "synthetic":
-        spec["path"] = str(R / "data" / "synthetic" / "train.jsonl")
+        spec.update(source="local", path=str(R / "data" / "synthetic" / "train.jsonl"))
+    elif spec["source"] == "fastchat":
+        spec.update(source="local", path=packaged(fastchat_conversations_file))
     return canonical(spec)
 
 
+def regenerated_path(dataset):
+    return R / "data" / "regenerated" / f"{dataset}.jsonl"
+
+
+def dataset_spec(dataset):
+    """What prepare_dataset reads: the target's own answers for a regenerated dataset, else the raw data."""
+    if dataset in REGENERATED:
+        return {"source": "local", "path": str(regenerated_path(dataset)), "max_records": None}
+    return raw_dataset_spec(dataset)
+
+
+def local_input(spec):
+    return [spec["path"]] if spec["source"] == "local" else []
+
+
 def dataset_input(wildcards):
-    spec = dataset_spec(wildcards.dataset)
-    return [spec["path"]] if spec["source"] in ("synthetic", "local") else []
+    return local_input(dataset_spec(wildcards.dataset))
+
+
+def regenerate_input(wildcards):
+    return local_input(raw_dataset_spec(wildcards.dataset))
 
 
 def shard_manifests(dataset):
@@ -95,14 +136,45 @@ def all_shard_manifests(wildcards=None):
 
 
 def variant_training(variant):
-    return canonical({**config["training"], **config["variants"][variant]})
+    overrides = dict(config["variants"][variant])
+    overrides.pop("benchmark_methods", None)
+    return canonical({**config["training"], **overrides})
+
+
+def variant_methods(variant):
+    """The benchmark methods of a variant, target_greedy (the reference) first."""
+    methods = config["variants"][variant].get("benchmark_methods", config["benchmark"]["methods"])
+    return ["target_greedy", *(m for m in methods if m != "target_greedy")]
+
+
+def benchmark_prompts_spec():
+    """benchmark.prompts resolved to what the benchmark_prompts rule reads (mt_bench's subset size fixed)."""
+    bench = config["benchmark"]
+    prompts = bench["prompts"]
+    if prompts == "mt_bench":
+        per_category = bench["mt_bench"]["per_category"]
+        if per_category == "auto":
+            per_category = 2 if benchmark_gpus() == 0 else None
+        return canonical(
+            {
+                "source": "mt_bench",
+                "path": packaged(mt_bench_questions_file),
+                "per_category": per_category,
+                "seed": bench["mt_bench"]["seed"],
+            }
+        )
+    if prompts == "heldout":
+        return {
+            "source": "heldout",
+            "path": str(R / "data" / "synthetic" / "heldout.jsonl"),
+            "num_prompts": bench["num_prompts"],
+        }
+    return canonical({**prompts, "num_prompts": bench["num_prompts"]})
 
 
 def benchmark_prompts_input():
-    prompts = config["benchmark"]["prompts"]
-    if prompts == "heldout":
-        return [str(R / "data" / "synthetic" / "heldout.jsonl")]
-    return [prompts["path"]] if prompts["source"] == "local" else []
+    spec = benchmark_prompts_spec()
+    return [spec["path"]] if spec["source"] != "hub" else []
 
 
 def single_device_gpus(device):

@@ -17,25 +17,51 @@ rule make_synthetic_corpus:
         "../scripts/make_synthetic_corpus.py"
 
 
-rule build_target:
-    input:
-        train=R / "data" / "synthetic" / "train.jsonl",
-    output:
-        directory(R / "target"),
-    log:
-        "logs/build_target.log",
-    benchmark:
-        "benchmarks/build_target.tsv"
-    conda:
-        "../envs/core.yaml"
-    threads: workflow.cores
-    resources:
-        gpu=0,
-        mem_mb=4000,
-    params:
-        embedded_target=canonical(config["embedded_target"]),
-    script:
-        "../scripts/build_target.py"
+# One rule makes results/target, the one target.model names (BUILT_TARGETS in common.smk).
+if TARGET_RULE == "import_target":
+
+    rule import_target:
+        input:
+            gguf=packaged(locate_gguf),
+        output:
+            directory(R / "target"),
+        log:
+            "logs/import_target.log",
+        benchmark:
+            "benchmarks/import_target.tsv"
+        conda:
+            "../envs/core.yaml"
+        threads: workflow.cores
+        resources:
+            gpu=0,
+            mem_mb=4000,
+        params:
+            model=config["target"]["model"],
+        script:
+            "../scripts/import_target.py"
+
+
+elif TARGET_RULE == "build_target":
+
+    rule build_target:
+        input:
+            train=R / "data" / "synthetic" / "train.jsonl",
+        output:
+            directory(R / "target"),
+        log:
+            "logs/build_target.log",
+        benchmark:
+            "benchmarks/build_target.tsv"
+        conda:
+            "../envs/core.yaml"
+        threads: workflow.cores
+        resources:
+            gpu=0,
+            mem_mb=4000,
+        params:
+            embedded_target=canonical(config["embedded_target"]),
+        script:
+            "../scripts/build_target.py"
 
 
 rule prepare_dataset:
@@ -60,3 +86,29 @@ rule prepare_dataset:
         seq_length=config["seq_length"],
     script:
         "../scripts/prepare_dataset.py"
+
+
+rule regenerate:
+    input:
+        data=regenerate_input,
+        target=target_input(),
+    output:
+        R / "data" / "regenerated" / "{dataset}.jsonl",
+    log:
+        "logs/regenerate/{dataset}.log",
+    benchmark:
+        "benchmarks/regenerate/{dataset}.tsv"
+    conda:
+        "../envs/core.yaml"
+    # on a CPU the datasets generate side by side, one core each (two 1-thread jobs beat one 2-thread job)
+    threads: max(1, workflow.cores // max(1, len(REGENERATED)))
+    resources:
+        gpu=lambda wc: single_device_gpus(config["regenerate"]["device"]),
+        mem_mb=8000,
+    params:
+        spec=lambda wc: raw_dataset_spec(wc.dataset),
+        source=lambda wc: config["datasets"][wc.dataset]["source"],
+        target=TARGET_SPEC,
+        regenerate=canonical(config["regenerate"]),
+    script:
+        "../scripts/regenerate.py"

@@ -8,6 +8,10 @@ rule report:
         ),
         metrics=expand(R / "draft" / "{variant}" / "metrics.csv", variant=VARIANTS),
         drafts=expand(R / "draft" / "{variant}" / "config.json", variant=VARIANTS),
+        training_data=expand(
+            R / "draft" / "{variant}" / "training_data.json", variant=VARIANTS
+        ),
+        prompts=R / "benchmark" / "prompts.jsonl",
         stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
         manifests=all_shard_manifests,
     output:

@@ -8,6 +8,7 @@ rule train_draft:
         config=R / "draft" / "{variant}" / "config.json",
         weights=R / "draft" / "{variant}" / "model.safetensors",
         metrics=R / "draft" / "{variant}" / "metrics.csv",
+        data=R / "draft" / "{variant}" / "training_data.json",
     log:
         "logs/train_draft/{variant}.log",
     benchmark:

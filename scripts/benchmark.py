@@ -1,16 +1,11 @@
-from draftsmith.data.prompts import load_prompts
+from draftsmith.data.prompts import read_benchmark_prompts
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 
 
 def main(smk):
-    cfg = dict(smk.params.benchmark)
-    prompts_spec = cfg["prompts"]
-    if prompts_spec == "heldout":
-        if not smk.input.prompts:
-            raise ValueError("benchmark.prompts is 'heldout' but the rule has no held-out prompts file as input")
-        prompts_spec = smk.input.prompts[0]
-    prompts = load_prompts(prompts_spec, cfg["num_prompts"])
+    cfg = {**smk.params.benchmark, "methods": list(smk.params.methods)}
+    prompts = read_benchmark_prompts(smk.input.prompts)
     args = (TargetSpec.from_dict(smk.params.target), smk.params.draft_dir, prompts, cfg, smk.output.per_prompt,
             smk.output.summary, smk.wildcards.variant)
     backend = cfg["backend"]

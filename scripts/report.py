@@ -8,6 +8,7 @@ def main(smk):
         per_prompt=smk.input.per_prompt,
         metrics=smk.input.metrics,
         drafts=smk.input.drafts,
+        training_data=smk.input.training_data,
         stats=smk.input.stats,
         manifests=smk.input.manifests,
         config=smk.params.config,

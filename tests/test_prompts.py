@@ -22,6 +22,7 @@ def test_heldout_prompts_are_system_plus_first_user_turn(tmp_path):
         first_user = next(i for i, m in enumerate(record["messages"]) if m["role"] == "user")
         assert prompt["messages"] == record["messages"][: first_user + 1]
         assert prompt["messages"][-1]["role"] == "user"
+        assert prompt["category"] == record["task"]  # the synthetic task family
     assert any(p["messages"][0]["role"] == "system" for p in prompts)  # system prompts are kept
     assert any(len(r["messages"]) > 2 + (r["messages"][0]["role"] == "system") for r in heldout[:25])  # multi-turn cut
 
@@ -34,8 +35,8 @@ def test_mt_bench_questions_use_the_first_turn(tmp_path):
     ])
     prompts = load_prompts({"source": "local", "path": str(path)}, 10)
     assert prompts == [
-        {"prompt_id": "81", "messages": [{"role": "user", "content": "Write a travel blog post."}]},
-        {"prompt_id": "82", "messages": [{"role": "user", "content": "Draft an email."}]},
+        {"prompt_id": "81", "category": "writing", "messages": [{"role": "user", "content": "Write a travel blog post."}]},
+        {"prompt_id": "82", "category": "writing", "messages": [{"role": "user", "content": "Draft an email."}]},
     ]
 
 
@@ -52,9 +53,9 @@ def test_sharegpt_and_prompt_only_records_and_bad_ones_are_skipped_by_name(tmp_p
     with caplog.at_level(logging.WARNING, logger="draftsmith.data.prompts"):
         prompts = load_prompts(str(path), 10)
     assert prompts == [
-        {"prompt_id": "sg", "messages": [{"role": "user", "content": "Hi there"}]},
-        {"prompt_id": "only-user", "messages": [{"role": "system", "content": "Be brief."},
-                                                {"role": "user", "content": "2+2?"}]},
+        {"prompt_id": "sg", "category": "all", "messages": [{"role": "user", "content": "Hi there"}]},
+        {"prompt_id": "only-user", "category": "all", "messages": [{"role": "system", "content": "Be brief."},
+                                                                   {"role": "user", "content": "2+2?"}]},
     ]
     warnings = caplog.text
     assert "id bad-role" in warnings and "messages[0].role = 'wizard'" in warnings

@@ -22,13 +22,15 @@ import pytest
 import yaml
 
 from draftsmith.benchmark.results import accept_columns, write_results
-from draftsmith.io import read_json, sha256_file, write_jsonl
+from draftsmith.io import read_json, sha256_file, write_json, write_jsonl
 from draftsmith.report.build import FIGURES, ReportInputError, build_report, fmt
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATASETS = ["extra", "synthetic"]
-VARIANTS = {"default": {"draft_layers": 1, "backend": "offline"}, "wide": {"draft_layers": 2, "backend": "vllm"}}
+VARIANTS = {"default": {"draft_layers": 1, "backend": "offline", "data_fraction": 1.0},
+            "wide": {"draft_layers": 2, "backend": "vllm", "data_fraction": 0.5}}
+CATEGORIES = ["coding", "writing"]
 K = 3
 NUM_SHARDS = 2
 TTT = 3
@@ -67,7 +69,8 @@ def write_benchmark(out_dir: Path, variant: str, backend: str, seed: int) -> dic
         prompt_tokens = rng.randint(10, 40)
         for method, p in methods.items():
             rows.append({"variant": variant, "backend": backend, "prompt_id": prompt_id,
-                         "prompt_tokens": prompt_tokens, **simulate_prompt(rng, method, p, 32)})
+                         "category": CATEGORIES[prompt_id % 2], "prompt_tokens": prompt_tokens,
+                         **simulate_prompt(rng, method, p, 32)})
     meta = {"variant": variant, "backend": backend, "device": "cpu: test (2 cores)", "dtype": "float32",
             "max_new_tokens": 32, "num_prompts": 6, "versions": {"torch": "2.13.0", "vllm": "0.16.0"}}
     summary = write_results(rows, K, out_dir / "per_prompt.csv", out_dir / "summary.json", meta)
@@ -111,6 +114,7 @@ def make_inputs(root: Path) -> dict:
     from draftsmith.target_model.embedded import build_model, train_tokenizer
     from draftsmith.target_model.spec import TargetSpec
     from draftsmith.training.draft_model import build_draft_config
+    from draftsmith.training.trainer import data_summary
 
     results = root / "results"
     train, _ = generate_corpus(48, 1, seed=0)
@@ -145,11 +149,19 @@ def make_inputs(root: Path) -> dict:
         build_draft_config(TargetSpec(str(target)), 256, v["draft_layers"], [1, 2, 3], K).save_pretrained(draft_dir)
         write_metrics(draft_dir / "metrics.csv", variant, seed)
         write_benchmark(results / "benchmark" / variant, variant, v["backend"], seed)
+        manifests = [str(results / "shards" / d / f"shard_{k}" / "manifest.json") for d in DATASETS
+                     for k in range(NUM_SHARDS)]
+        write_json(draft_dir / "training_data.json", data_summary(manifests, {
+            "val_fraction": 0.1, "seed": 0, "data_fraction": v["data_fraction"], "epochs": 2, "ttt_steps": TTT}))
+    write_jsonl(results / "benchmark" / "prompts.jsonl",
+                [{"prompt_id": i, "category": CATEGORIES[i % 2], "messages": [{"role": "user", "content": "hi"}]}
+                 for i in range(6)])
     return {
         "summaries": [results / "benchmark" / v / "summary.json" for v in VARIANTS],
         "per_prompt": [results / "benchmark" / v / "per_prompt.csv" for v in VARIANTS],
         "metrics": [results / "draft" / v / "metrics.csv" for v in VARIANTS],
         "drafts": [results / "draft" / v / "config.json" for v in VARIANTS],
+        "training_data": [results / "draft" / v / "training_data.json" for v in VARIANTS],
         "stats": [results / "prepared" / d / "stats.json" for d in DATASETS],
         "manifests": [results / "shards" / d / f"shard_{k}" / "manifest.json" for d in DATASETS
                       for k in range(NUM_SHARDS)],
@@ -252,6 +264,36 @@ def test_benchmark_table_equals_summaries(built):
     wide = read_json(paths["summaries"][1])["methods"]["eagle3_draft"]
     assert raw.loc[("wide", "eagle3_draft"), "acceptance length"] == wide["acceptance_length"]
     assert raw.loc[("wide", "eagle3_draft"), "lossless"] is True
+
+
+def test_category_table_is_acceptance_per_category_of_the_per_prompt_rows(built):
+    out, tables, paths = built
+    rows = pd.concat([pd.read_csv(p) for p in paths["per_prompt"]])
+    table = tables["categories"].set_index("category")
+    assert sorted(table.index) == CATEGORIES
+    for category in CATEGORIES:
+        draft = rows[(rows["category"] == category) & (rows["method"] == "eagle3_draft") & (rows["variant"] == "wide")]
+        assert table.loc[category, "trained EAGLE-3 draft (wide)"] == pytest.approx(
+            draft["new_tokens"].sum() / draft["target_forwards"].sum())
+        assert table.loc[category, "prompts"] == 3
+        summary = read_json(paths["summaries"][1])["methods"]["eagle3_draft"]["per_category"][category]
+        assert summary["acceptance_length"] == pytest.approx(table.loc[category, "trained EAGLE-3 draft (wide)"])
+    assert "prompt lookup (wide)" not in table  # the vllm variant did not run it
+    shown = html_tables(out / "report.html")["table-categories"]
+    assert list(shown["category"]) == CATEGORIES
+
+
+def test_data_size_table_and_finding(built):
+    out, tables, paths = built
+    table = tables["data_size"].set_index("variant")
+    for path in paths["training_data"]:
+        data = read_json(path)
+        variant = path.parent.name
+        assert table.loc[variant, "train tokens"] == data["train_tokens"]
+        assert table.loc[variant, "acceptance length"] == read_json(
+            paths["summaries"][list(VARIANTS).index(variant)])["methods"]["eagle3_draft"]["acceptance_length"]
+    assert table.loc["wide", "train samples"] < table.loc["default", "train samples"]
+    assert "What the amount of training data buys" in (out / "report.md").read_text()
 
 
 def test_findings_are_computed_from_the_benchmark(built):

@@ -12,6 +12,7 @@ LOADS_TARGET = {"prepare_dataset": "prepared/synthetic/stats.json", "preflight":
                 "train_draft": "draft/default/config.json", "benchmark": "benchmark/default/summary.json",
                 "report": "report/report.html"}
 IGNORES_TARGET = {"make_synthetic_corpus": "data/synthetic/train.jsonl", "build_target": "target",
+                  "benchmark_prompts": "benchmark/prompts.jsonl",
                   "token_freq": "vocab/synthetic/token_freq.pt"}
 
 

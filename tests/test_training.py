@@ -23,7 +23,7 @@ from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
 AUX = [1, 3, 4]
 TRAINING = {"draft_layers": 1, "ttt_steps": 2, "ttt_step_loss_decay": 1.0, "lr": 0.003, "epochs": 2,
             "total_seq_length": 256, "scheduler": "none", "warmup_steps": None, "noise_std": 0.0,
-            "val_fraction": 0.1, "seed": 0, "resume": True, "gpus": 0}
+            "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": True, "gpus": 0}
 
 
 def test_dense_mask_sdpa_matches_flex_attention_forward_over_ttt_steps():
@@ -71,7 +71,7 @@ def train(inputs, tiny_target, name, **overrides):
     out = inputs["root"] / name
     train_draft(inputs["manifests"], inputs["d2t"], inputs["t2d"], TargetSpec(str(tiny_target)), {**TRAINING, **overrides},
                 str(out / "state"), name, 0, str(out / "config.json"), str(out / "model.safetensors"),
-                str(out / "metrics.csv"))
+                str(out / "metrics.csv"), str(out / "training_data.json"))
     with open(out / "metrics.csv") as f:
         return out, list(csv.DictReader(f))
 
@@ -227,3 +227,15 @@ def test_mismatched_inputs_are_refused(training_inputs, tiny_target, tmp_path):
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(TrainingInputError, match="different target model"):
         check_inputs(training_inputs["manifests"], d2t, t2d, TargetSpec(str(other)))
+
+
+def test_data_fraction_trains_on_a_seeded_subset_validated_on_the_same_samples(training_inputs):
+    from draftsmith.training.trainer import data_summary, training_split
+
+    full = training_split(training_inputs["manifests"], {**TRAINING, "data_fraction": 1.0})
+    half = training_split(training_inputs["manifests"], {**TRAINING, "data_fraction": 0.5})
+    assert half[2] == full[2]  # the same validation files and lengths
+    assert set(half[1][0]) < set(full[1][0]) and len(half[1][0]) == round(len(full[1][0]) / 2)
+    assert training_split(training_inputs["manifests"], {**TRAINING, "data_fraction": 0.5}) == half
+    summary = data_summary(training_inputs["manifests"], {**TRAINING, "data_fraction": 0.5})
+    assert summary["train_samples"] == len(half[1][0]) and summary["train_tokens"] == sum(half[1][1])

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 
 def check_settings(cfg: dict) -> None:
+    if BASELINE not in cfg["methods"]:
+        raise ValueError(f"benchmark methods {cfg['methods']} lack {BASELINE}: it is the reference output and the "
+                         "speedup baseline")
     if cfg["temperature"] != 0:
         raise ValueError(f"benchmark.temperature = {cfg['temperature']}: only greedy decoding (0) is measured")
     if cfg["batch_size"] != 1:
@@ -78,13 +81,14 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     log.info("loading draft %s", draft_dir)
     trained = load_draft(draft_dir, device, dtype)
     aux_layer_ids = draft_aux_layer_ids(trained, text_config(model.config).num_hidden_layers)
-    untrained = untrained_like(trained, target, aux_layer_ids, k, seed)
-    untrained = untrained.to(device=device, dtype=dtype).eval()
+    methods = [m for m in METHODS if m in cfg["methods"]]
+    if "untrained_draft" in methods:
+        untrained = untrained_like(trained, target, aux_layer_ids, k, seed).to(device=device, dtype=dtype).eval()
     runner = TargetModel(model, aux_layer_ids)
     stop_ids = stop_token_ids(tokenizer, model)
     ngram = int(cfg["prompt_lookup_ngram"])
 
-    decoders = {
+    all_decoders = {
         "target_greedy": lambda ids: greedy_decode(runner, ids, max_new_tokens, stop_ids),
         "prompt_lookup": lambda ids: speculative_decode(runner, PromptLookupProposer(ngram, device), ids, k,
                                                         max_new_tokens, stop_ids),
@@ -93,6 +97,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "eagle3_draft": lambda ids: speculative_decode(runner, Eagle3Proposer(trained), ids, k, max_new_tokens,
                                                        stop_ids),
     }
+    decoders = {m: all_decoders[m] for m in methods}
     prompt_ids = [tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
                   for p in prompts]
 
@@ -100,22 +105,22 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     for decode in decoders.values():
         decode(prompt_ids[0])
 
-    rows, outputs = [], {m: {} for m in METHODS}
+    rows, outputs = [], {m: {} for m in methods}
     # Methods alternate within each prompt so that drifting clocks or thermals hit all of them alike.
     for prompt, ids in tqdm(list(zip(prompts, prompt_ids)), desc=f"benchmark {variant}", unit="prompt",
                             mininterval=5):
-        for method in METHODS:
+        for method in methods:
             trace = decoders[method](ids)
             outputs[method][prompt["prompt_id"]] = trace.tokens
             rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": prompt["prompt_id"],
-                         "prompt_tokens": len(ids), **trace.counts(k)})
+                         "category": prompt["category"], "prompt_tokens": len(ids), **trace.counts(k)})
         log.info("prompt %s: %d prompt tokens, %d new tokens", prompt["prompt_id"], len(ids),
                  len(outputs[BASELINE][prompt["prompt_id"]]))
 
     # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
     # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
     lossless, mismatched = {}, {}
-    for method in METHODS[1:]:
+    for method in methods[1:]:
         mismatched[method] = [pid for pid, tokens in outputs[method].items() if tokens != outputs[BASELINE][pid]]
         lossless[method] = not mismatched[method]
         if mismatched[method]:

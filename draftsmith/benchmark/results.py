@@ -1,6 +1,7 @@
 """Benchmark result tables shared by the offline and vLLM backends.
 
-`per_prompt.csv` has one row per (prompt, method); `summary.json` aggregates per method.
+`per_prompt.csv` has one row per (prompt, method); `summary.json` aggregates per method, and within
+each method per prompt category (MT-Bench's eight, the synthetic task families, or "all").
 Acceptance length is tokens generated per target forward pass, the bonus token included.
 """
 
@@ -16,7 +17,7 @@ BASELINE = "target_greedy"
 # every method a benchmark may report, in the order tables and figures show them
 METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft"]
 COLUMNS = [
-    "variant", "backend", "method", "prompt_id", "prompt_tokens", "new_tokens", "target_forwards",
+    "variant", "backend", "method", "prompt_id", "category", "prompt_tokens", "new_tokens", "target_forwards",
     "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "tokens_per_s", "speedup",
 ]
 
@@ -38,22 +39,31 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     return df[COLUMNS + accept_columns(k)]
 
 
+def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
+    """Totals over a group of rows of one method; `base` is the target_greedy rows of the same prompts."""
+    drafts = g["drafts"].sum()
+    new_tokens, seconds = int(g["new_tokens"].sum()), float(g["seconds"].sum())
+    base_tps = base["new_tokens"].sum() / base["seconds"].sum() if len(base) else math.nan
+    return {
+        "prompts": int(len(g)),
+        "acceptance_length": float(g["new_tokens"].sum() / g["target_forwards"].sum()),
+        "per_position_acceptance": [float(g[c].sum() / drafts) if drafts else None for c in accept_columns(k)],
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds else math.nan,
+        "speedup": (new_tokens / seconds) / base_tps if seconds and base_tps else math.nan,
+    }
+
+
 def summarise(df: pd.DataFrame, k: int) -> dict:
     methods = {}
+    base = df[df["method"] == BASELINE]
     for method, g in df.groupby("method", sort=False):
-        drafts = g["drafts"].sum()
-        new_tokens, seconds = int(g["new_tokens"].sum()), float(g["seconds"].sum())
-        base = df[df["method"] == BASELINE]
-        base_tps = base["new_tokens"].sum() / base["seconds"].sum() if len(base) else math.nan
-        methods[method] = {
-            "prompts": int(len(g)),
-            "acceptance_length": float(g["new_tokens"].sum() / g["target_forwards"].sum()),
-            "per_position_acceptance": [float(g[c].sum() / drafts) if drafts else None for c in accept_columns(k)],
-            "new_tokens": new_tokens,
-            "seconds": seconds,
-            "tokens_per_s": new_tokens / seconds if seconds else math.nan,
-            "speedup": (new_tokens / seconds) / base_tps if seconds and base_tps else math.nan,
-        }
+        methods[method] = _aggregate(g, base, k)
+        methods[method]["per_category"] = {
+            category: {key: value for key, value in _aggregate(c, base[base["category"] == category], k).items()
+                       if key in ("prompts", "acceptance_length", "new_tokens", "speedup")}
+            for category, c in g.groupby("category", sort=True)}
     return methods
 
 

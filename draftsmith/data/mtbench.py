@@ -39,6 +39,14 @@ def package_file(relpath: str, package: str = PACKAGE) -> Path:
     return packaged_file(package, PACKAGE_VERSION, relpath, "the prompt sets", PromptDataError)
 
 
+def mt_bench_questions_file() -> Path:
+    return package_file(QUESTIONS_RELPATH)
+
+
+def fastchat_conversations_file() -> Path:
+    return package_file(CONVERSATIONS_RELPATH)
+
+
 def _check_question(row, path: Path, lineno: int) -> dict:
     where = f"{path}, line {lineno}"
     if not isinstance(row, dict):

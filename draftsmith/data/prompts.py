@@ -4,13 +4,22 @@ Accepted sources:
 - a JSONL path: our held-out file (`{"id", "task", "messages"}`), any OpenAI/ShareGPT-style
   records, or MT-bench-style questions (`{"question_id", "turns": [str, ...]}`, first turn used);
 - a dataset spec dict as accepted by `draftsmith.data.chat_data.iter_records` (local or hub).
+
+A prompt is `{"prompt_id", "category", "messages"}`: the category is the record's `category`
+(MT-Bench) or `task` (the synthetic corpus), else "all"; results are summarised per category.
+`write_benchmark_prompts` writes the set a benchmark_prompts rule resolves, which every
+benchmark job then reads (`read_benchmark_prompts`).
 """
 
 from __future__ import annotations
 
 import logging
 
+import json
+from pathlib import Path
+
 from draftsmith.data.chat_data import BadRecord, RawRecord, iter_records, normalise
+from draftsmith.io import write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +47,17 @@ def _prompt_id(raw: RawRecord) -> str:
     return raw.record_id
 
 
-def load_prompts(spec: str | dict, num_prompts: int) -> list[dict]:
-    """The first `num_prompts` usable prompts of `spec` as `{"prompt_id", "messages"}` (ending with a user turn)."""
-    if num_prompts < 1:
+def _category(data: dict) -> str:
+    for key in ("category", "task"):
+        if isinstance(data.get(key), str) and data[key].strip():
+            return data[key]
+    return "all"
+
+
+def load_prompts(spec: str | dict, num_prompts: int | None) -> list[dict]:
+    """The first `num_prompts` (None: all) usable prompts of `spec` as `{"prompt_id", "category", "messages"}`
+    (ending with a user turn)."""
+    if num_prompts is not None and num_prompts < 1:
         raise ValueError(f"benchmark.num_prompts must be >= 1, got {num_prompts}")
     if isinstance(spec, dict):
         source_spec, name = spec, spec.get("path") or spec.get("name")
@@ -61,12 +78,48 @@ def load_prompts(spec: str | dict, num_prompts: int) -> list[dict]:
         if prompt_id in seen:
             raise ValueError(f"{where}: duplicate prompt id {prompt_id!r}; benchmark rows are keyed by prompt id")
         seen.add(prompt_id)
-        prompts.append({"prompt_id": prompt_id, "messages": messages})
+        prompts.append({"prompt_id": prompt_id, "category": _category(raw.data), "messages": messages})
         if len(prompts) == num_prompts:
             break
     if not prompts:
         raise ValueError(f"no usable prompts in {name}")
-    if len(prompts) < num_prompts:
+    if num_prompts is not None and len(prompts) < num_prompts:
         log.warning("%s has only %d usable prompts; benchmark.num_prompts asked for %d", name, len(prompts),
                     num_prompts)
+    return prompts
+
+
+def resolve_benchmark_prompts(spec: dict) -> list[dict]:
+    """The prompt set a resolved `benchmark.prompts` spec names (rules/common.smk: benchmark_prompts_spec)."""
+    if spec["source"] == "mt_bench":
+        from draftsmith.data.mtbench import as_prompt_records, load_questions, select_questions
+
+        questions = select_questions(load_questions(spec["path"]), spec["per_category"], spec["seed"])
+        return [{"prompt_id": r["id"], "category": r["category"], "messages": r["messages"]}
+                for r in as_prompt_records(questions)]
+    source = spec["path"] if spec["source"] == "heldout" else {k: v for k, v in spec.items() if k != "num_prompts"}
+    return load_prompts(source, spec["num_prompts"])
+
+
+def write_benchmark_prompts(spec: dict, out_path: str | Path) -> list[dict]:
+    prompts = resolve_benchmark_prompts(spec)
+    write_jsonl(out_path, prompts)
+    categories = sorted({p["category"] for p in prompts})
+    log.info("%d benchmark prompts in %d categories (%s) -> %s", len(prompts), len(categories),
+             ", ".join(categories), out_path)
+    return prompts
+
+
+def read_benchmark_prompts(path: str | Path) -> list[dict]:
+    """The prompts a benchmark_prompts rule wrote (draftsmith's own format, checked per line)."""
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            row = json.loads(line)
+            if not {"prompt_id", "category", "messages"} <= set(row):
+                raise ValueError(f"{path}, line {lineno}: needs fields prompt_id, category and messages; rebuild it "
+                                 "with `snakemake --forcerun benchmark_prompts`")
+            prompts.append(row)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
     return prompts

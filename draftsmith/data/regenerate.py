@@ -24,29 +24,22 @@ import logging
 import shutil
 from pathlib import Path
 
-from draftsmith.io import read_json, sha256_file, write_json, write_jsonl
+from draftsmith.io import read_json, write_json, write_jsonl
 from draftsmith.provenance import changed_keys
-from draftsmith.target_model.spec import stop_token_ids
+from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
 log = logging.getLogger(__name__)
 
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "draftsmith_provenance.json")
-
-
 def load_prompt_records(prompts) -> list[dict]:
-    """`[{"id", "messages"}]` from a JSONL path (any format draftsmith.data.prompts reads) or a list of records.
+    """`[{"id", "messages"}]` from a JSONL path or dataset spec (any format draftsmith.data.prompts reads)
+    or a list of records.
 
     Each prompt is its system turns plus the first user turn (what draftsmith.data.prompts takes).
     """
-    if isinstance(prompts, (str, Path)):
+    if isinstance(prompts, (str, Path, dict)):
         from draftsmith.data.prompts import load_prompts
 
-        path = Path(prompts)
-        lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-        if not lines:
-            raise ValueError(f"{path}: no prompts")
-        return [{"id": p["prompt_id"], "messages": p["messages"]} for p in load_prompts(str(path), lines)]
+        return [{"id": p["prompt_id"], "messages": p["messages"]} for p in load_prompts(prompts, None)]
     out, seen = [], set()
     for i, rec in enumerate(prompts):
         msgs = rec.get("messages") if isinstance(rec, dict) else None
@@ -66,14 +59,27 @@ def load_prompt_records(prompts) -> list[dict]:
     return out
 
 
-def model_fingerprint(target_dir: str | Path) -> dict:
-    """sha256 of the target's config, tokenizer and weight files (what decides its answers)."""
-    target_dir = Path(target_dir)
-    if not target_dir.is_dir():
-        raise FileNotFoundError(f"target directory {target_dir} does not exist")
-    files = [target_dir / n for n in MODEL_FILES if (target_dir / n).is_file()]
-    files += sorted(target_dir.glob("*.safetensors")) + sorted(target_dir.glob("*.bin"))
-    return {f.name: sha256_file(f) for f in files}
+def regeneration_prompts(spec: dict, source: str) -> list[dict]:
+    """The training prompts of a dataset, never a benchmark prompt: any whose user turn equals (case,
+    spacing and punctuation aside) an MT-Bench turn is dropped, and the count logged.
+
+    FastChat's conversations (source=fastchat) give every user turn, deduplicated (their 500
+    identity chats hold 54 distinct ones); other sources give each record's first user turn.
+    """
+    from draftsmith.data import mtbench
+
+    benchmark_turns = [t for q in mtbench.load_questions() for t in q["turns"]]
+    if source == "fastchat":
+        records = mtbench.training_prompts(mtbench.load_conversations(spec["path"]), exclude=benchmark_turns)
+        return records[: spec["max_records"]] if spec.get("max_records") else records
+    banned = {mtbench.normalise_text(t) for t in benchmark_turns}
+    records = load_prompt_records(spec)
+    kept = [r for r in records
+            if not any(m["role"] == "user" and mtbench.normalise_text(m["content"]) in banned for m in r["messages"])]
+    if len(kept) < len(records):
+        log.warning("regenerate: dropped %d prompts of %s that are MT-Bench questions (the benchmark prompts)",
+                    len(records) - len(kept), spec.get("path") or spec.get("name"))
+    return kept
 
 
 def fingerprint_of(parts: dict) -> str:
@@ -118,14 +124,14 @@ def _generate_chunk(model, tokenizer, records: list[dict], params: dict, eos: li
     return [answers[i] for i in range(len(records))]
 
 
-def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_tokens: int = 256,
+def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, max_new_tokens: int = 256,
                batch_size: int = 16, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                chunk_size: int = 64, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
                show_progress: bool = True) -> dict:
-    """Answer every prompt with the target; write OpenAI-messages JSONL to `out_jsonl`. Returns stats."""
+    """Answer every prompt with the target (a TargetSpec or a model directory); write OpenAI-messages
+    JSONL to `out_jsonl`. Returns stats."""
     import torch
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if max_new_tokens < 1 or batch_size < 1 or chunk_size < 1:
         raise ValueError("max_new_tokens, batch_size and chunk_size must be >= 1")
@@ -133,6 +139,7 @@ def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_t
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if threads:
         torch.set_num_threads(threads)
+    target = target if isinstance(target, TargetSpec) else TargetSpec(str(target))
     records = load_prompt_records(prompts)
     out_jsonl = Path(out_jsonl)
     chunk_dir = out_jsonl.with_name(out_jsonl.name + ".chunks")
@@ -140,7 +147,7 @@ def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_t
               "top_p": float(top_p), "top_k": int(top_k), "seed": int(seed), "chunk_size": int(chunk_size),
               "dtype": dtype}
     parts = {"prompts": hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest(),
-             "model": fingerprint_of(model_fingerprint(target_dir)), **params}
+             "model": fingerprint_of(target.fingerprint()), **params}
     fingerprint = fingerprint_of(parts)
     manifest_path = chunk_dir / "manifest.json"
     if manifest_path.is_file():
@@ -165,8 +172,8 @@ def regenerate(prompts, target_dir: str | Path, out_jsonl: str | Path, max_new_t
     if len(todo) < len(chunks):
         log.info("regenerate: %d of %d chunks already done in %s", len(chunks) - len(todo), len(chunks), chunk_dir)
     if todo:
-        tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype)).to(device).eval()
+        tokenizer = target.load_tokenizer()
+        model = target.load_causal_lm(getattr(torch, dtype)).to(device).eval()
         eos = sorted(stop_token_ids(tokenizer, model))
         progress = tqdm(total=sum(len(chunks[c]) for c in todo), desc="regenerate", unit="prompt",
                         disable=not show_progress)

@@ -25,16 +25,27 @@ from draftsmith.report.load import (
     load_per_prompt,
     load_stats,
     load_summaries,
+    load_training_data,
 )
 from draftsmith.report.render import plain_config, render_html, render_markdown
-from draftsmith.report.tables import findings, fmt, inputs_table, stats_table, summary_table, training_table, versions_table
+from draftsmith.report.tables import (
+    acceptance_by_category,
+    data_size_table,
+    findings,
+    fmt,
+    inputs_table,
+    stats_table,
+    summary_table,
+    training_table,
+    versions_table,
+)
 
 __all__ = ["FIGURES", "ReportInputError", "build_report", "fmt"]
 
 log = logging.getLogger(__name__)
 
 
-def build_report(summaries, per_prompt, metrics, drafts, stats, manifests, config, out_html, out_md,
+def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, manifests, config, out_html, out_md,
                  figures_dir) -> dict[str, pd.DataFrame]:
     """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values)."""
     out_html, out_md, figures_dir = Path(out_html), Path(out_md), Path(figures_dir)
@@ -45,8 +56,12 @@ def build_report(summaries, per_prompt, metrics, drafts, stats, manifests, confi
     shards_df, manifest_list = load_manifests(manifests)
     log.info("report inputs: %d variants, %d datasets, %d shards", len(summary_by_variant), len(stats_df),
              len(shards_df))
+    by_category = acceptance_by_category(per_prompt_df)
+    data_size = data_size_table(load_training_data(training_data), methods)
     tables = {
         "summary": summary_table(methods),
+        "categories": by_category,
+        "data_size": data_size,
         "training": training_table(metrics_df),
         "drafts": load_drafts(drafts),
         "data": stats_table(stats_df),
@@ -54,13 +69,14 @@ def build_report(summaries, per_prompt, metrics, drafts, stats, manifests, confi
         "versions": versions_table(summary_by_variant, manifest_list),
         "inputs": inputs_table({"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
                                 "training metrics": list(metrics), "draft config": list(drafts),
+                                "training data": list(training_data),
                                 "dataset stats": list(stats)}),
     }
-    lines = findings(summary_by_variant, methods, stats_df, metrics_df)
+    lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size)
     config_yaml = yaml.safe_dump(plain_config(config), sort_keys=False)
     title = "draftsmith report: EAGLE-3 draft " + ", ".join(sorted(summary_by_variant))
     with atomic_dir(figures_dir) as tmp:
-        draw_figures(methods, per_prompt_df, metrics_df, stats_df, tmp)
+        draw_figures(methods, per_prompt_df, metrics_df, stats_df, by_category, data_size, tmp)
     write_text(out_html, render_html(title, lines, tables, figures_dir, config_yaml))
     figures_rel = Path(os.path.relpath(figures_dir, out_md.parent)).as_posix()
     write_text(out_md, render_markdown(title, lines, tables, figures_rel, config_yaml))

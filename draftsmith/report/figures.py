@@ -26,6 +26,8 @@ FIGURES = {
     "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy",
     "training_loss": "Training loss per TTT step",
     "training_accuracy": "Training accuracy per TTT step",
+    "acceptance_by_category": "Acceptance length per prompt category",
+    "data_size": "Trained-draft acceptance length against the amount of training data",
     "data_stats": "Dataset records and tokens",
 }
 
@@ -130,6 +132,33 @@ def plot_training(metrics: pd.DataFrame, prefixes: dict[str, str], ylabel: str, 
     _save(fig, path)
 
 
+def plot_acceptance_by_category(by_category: pd.DataFrame, path: Path) -> None:
+    long = by_category.drop(columns="prompts").melt(id_vars="category", var_name="method", value_name="acceptance")
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(by_category)), 4.5))
+    sns.barplot(long.dropna(), x="category", y="acceptance", hue="method", errorbar=None, ax=ax)
+    ax.set(xlabel="", ylabel="tokens per target forward", title="Acceptance length per prompt category")
+    ax.tick_params(axis="x", rotation=20)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
+    _save(fig, path)
+
+
+def plot_data_size(data_size: pd.DataFrame, path: Path) -> None:
+    df = data_size.dropna(subset=["acceptance length"])
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    if df["train tokens"].nunique() < 2:
+        ax.text(0.5, 0.5, "one training-set size only: add a variant with another data_fraction",
+                ha="center", transform=ax.transAxes)
+    else:
+        sns.lineplot(df, x="train tokens", y="acceptance length", marker="o", errorbar=None, ax=ax)
+        for r in df.to_dict("records"):
+            ax.annotate(f"{r['variant']} ({r['acceptance length']:.2f})", (r["train tokens"], r["acceptance length"]),
+                        textcoords="offset points", xytext=(4, 6), fontsize=8)
+        ax.set_xscale("log")
+    ax.set(xlabel="training tokens (log scale)", ylabel="trained-draft acceptance length",
+           title="What the amount of training data buys")
+    _save(fig, path)
+
+
 def plot_data_stats(stats: pd.DataFrame, path: Path) -> None:
     records = []
     for r in stats.itertuples():
@@ -153,7 +182,7 @@ def plot_data_stats(stats: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def draw_figures(methods, per_prompt, metrics, stats, figures_dir: Path) -> None:
+def draw_figures(methods, per_prompt, metrics, stats, by_category, data_size, figures_dir: Path) -> None:
     sns.set_theme(style="whitegrid", context="notebook")
     jobs = {
         "acceptance_length": lambda p: plot_acceptance_length(methods, per_prompt, p),
@@ -162,6 +191,8 @@ def draw_figures(methods, per_prompt, metrics, stats, figures_dir: Path) -> None
         "training_loss": lambda p: plot_training(metrics, {"loss_": "loss"}, "loss (KL to target)", p),
         "training_accuracy": lambda p: plot_training(
             metrics, {"full_acc_": "full accuracy", "cond_acc_": "conditional accuracy"}, "accuracy", p),
+        "acceptance_by_category": lambda p: plot_acceptance_by_category(by_category, p),
+        "data_size": lambda p: plot_data_size(data_size, p),
         "data_stats": lambda p: plot_data_stats(stats, p),
     }
     for name in tqdm(FIGURES, desc="report figures", unit="fig"):

@@ -11,11 +11,13 @@ import pandas as pd
 from draftsmith.io import read_json, sha256_file
 
 SUMMARY_FIELDS = ["prompts", "acceptance_length", "per_position_acceptance", "tokens_per_s", "speedup"]
-PER_PROMPT_COLUMNS = ["variant", "backend", "method", "prompt_id", "acceptance_length", "tokens_per_s", "speedup"]
+PER_PROMPT_COLUMNS = ["variant", "backend", "method", "prompt_id", "category", "new_tokens", "target_forwards",
+                      "acceptance_length", "tokens_per_s", "speedup"]
 METRICS_COLUMNS = ["variant", "split", "epoch", "step", "loss"]
 STATS_FIELDS = ["records_read", "records_kept", "records_skipped", "skipped_by_reason", "records_truncated",
                 "tokens", "assistant_tokens", "seq_length"]
 MANIFEST_FIELDS = ["shard", "num_samples", "num_tokens", "device"]
+TRAINING_DATA_FIELDS = ["data_fraction", "train_samples", "train_tokens", "val_samples"]
 
 
 
@@ -157,3 +159,13 @@ def load_manifests(paths) -> tuple[pd.DataFrame, list[dict]]:
             "manifest sha256": sha256_file(path),
         })
     return pd.DataFrame(rows), manifests
+
+
+def load_training_data(paths) -> pd.DataFrame:
+    """What each variant's draft was trained on (training_data.json beside its checkpoint)."""
+    rows = []
+    for path in paths:
+        data = _read_json(path, "training data summary")
+        _require(data, TRAINING_DATA_FIELDS, str(path))
+        rows.append({"variant": Path(path).parent.name, **{k: data[k] for k in TRAINING_DATA_FIELDS}})
+    return pd.DataFrame(rows, columns=["variant", *TRAINING_DATA_FIELDS])

@@ -32,6 +32,12 @@ SECTIONS = [
      "Acceptance length = generated tokens per target forward (the bonus token included). Per-position "
      "acceptance = fraction of drafts whose first i tokens were all accepted. Speedup = tokens/s over "
      "target-only greedy decoding on the same prompts."),
+    ("categories", "Acceptance length per prompt category",
+     "Generated tokens per target forward over each category's prompts (MT-Bench's categories, or the "
+     "synthetic task families), per method and variant; prompts = prompts in the category."),
+    ("data_size", "Training data and acceptance",
+     "Each variant's training set (data_fraction of the training samples; the validation samples are "
+     "the same for all) and its trained draft's acceptance length on the benchmark prompts."),
     ("training", "Training (final values)", "Validation rows are per-epoch averages."),
     ("drafts", "Draft checkpoints", "From each draft's speculators config.json."),
     ("data", "Data", "Records read, kept and skipped per dataset, and tokens after truncation."),
@@ -42,6 +48,8 @@ SECTIONS = [
 ]
 FIGURE_SECTIONS = {
     "summary": ["acceptance_length", "per_position_acceptance", "throughput"],
+    "categories": ["acceptance_by_category"],
+    "data_size": ["data_size"],
     "training": ["training_loss", "training_accuracy"],
     "data": ["data_stats"],
 }

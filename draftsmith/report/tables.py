@@ -44,6 +44,31 @@ def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+def acceptance_by_category(per_prompt: pd.DataFrame) -> pd.DataFrame:
+    """Acceptance length (new tokens / target forwards over the category's prompts) per category, one
+    column per (variant, method) that drafts: the shape of the EAGLE-3 paper's MT-Bench tables."""
+    drafting = per_prompt[per_prompt["method"] != BASELINE]
+    columns = {}
+    for method in method_order(drafting["method"]):
+        for variant in sorted(drafting["variant"].unique()):
+            g = drafting[(drafting["method"] == method) & (drafting["variant"] == variant)]
+            if len(g):
+                sums = g.groupby("category")[["new_tokens", "target_forwards"]].sum()
+                columns[f"{method_label(method)} ({variant})"] = sums["new_tokens"] / sums["target_forwards"]
+    table = pd.DataFrame(columns)
+    table.insert(0, "prompts", per_prompt[per_prompt["method"] == BASELINE].groupby("category")["prompt_id"].nunique())
+    return table.rename_axis("category").reset_index()
+
+
+def data_size_table(training_data: pd.DataFrame, methods: pd.DataFrame) -> pd.DataFrame:
+    """Per variant: how much it was trained on and the trained draft's acceptance length."""
+    draft = methods[methods["method"] == "eagle3_draft"].set_index("variant")["acceptance_length"]
+    df = training_data.sort_values(["train_tokens", "variant"]).reset_index(drop=True)
+    return pd.DataFrame({"variant": df["variant"], "data fraction": df["data_fraction"],
+                         "train samples": df["train_samples"], "train tokens": df["train_tokens"],
+                         "acceptance length": df["variant"].map(draft)})
+
+
 def ttt_steps(metrics: pd.DataFrame, prefix: str) -> list[int]:
     return sorted(int(c[len(prefix):]) for c in metrics.columns if re.fullmatch(re.escape(prefix) + r"\d+", c))
 
@@ -125,7 +150,27 @@ def _method_values(methods: pd.DataFrame, variant: str) -> dict[str, dict]:
     return {r["method"]: r for r in methods[methods["variant"] == variant].to_dict("records")}
 
 
-def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metrics: pd.DataFrame) -> list[str]:
+def category_findings(by_category: pd.DataFrame) -> list[str]:
+    lines = []
+    for col in (c for c in by_category.columns if c.startswith(method_label("eagle3_draft"))):
+        if by_category["category"].nunique() > 1 and by_category[col].notna().any():
+            best, worst = by_category.loc[by_category[col].idxmax()], by_category.loc[by_category[col].idxmin()]
+            lines.append(f"By prompt category, the {col} accepts most on `{best['category']}` "
+                         f"({fmt(best[col], 2)}) and least on `{worst['category']}` ({fmt(worst[col], 2)}).")
+    return lines
+
+
+def data_size_findings(data_size: pd.DataFrame) -> list[str]:
+    df = data_size.dropna(subset=["acceptance length"])
+    if df["train tokens"].nunique() < 2:
+        return []
+    points = ", ".join(f"{fmt(r['acceptance length'], 2)} from {fmt(int(r['train tokens']))} tokens (`{r['variant']}`)"
+                       for r in df.to_dict("records"))
+    return [f"What the amount of training data buys: trained-draft acceptance length {points}."]
+
+
+def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metrics: pd.DataFrame,
+             by_category: pd.DataFrame, data_size: pd.DataFrame) -> list[str]:
     """Plain-language statements computed from the inputs."""
     lines = []
     for variant in sorted(summaries):
@@ -158,6 +203,7 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
             best = drafts.iloc[0]
             lines.append(f"Best variant by acceptance length: `{best['variant']}` "
                          f"({fmt(best['acceptance_length'], 2)}).")
+    lines += category_findings(by_category) + data_size_findings(data_size)
     if len(stats):
         skipped = int(stats["records_skipped"].sum())
         lines.append(

@@ -85,6 +85,20 @@ def split_train_val(files: list[str], lengths: list[int], val_fraction: float, s
     return ([files[i] for i in train], [lengths[i] for i in train]), ([files[i] for i in val], [lengths[i] for i in val])
 
 
+def training_split(manifest_paths: list[str], cfg: dict):
+    """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
+    `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
+    manifests = [read_json(p) for p in manifest_paths]
+    files = shard_files(manifest_paths)
+    lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
+    (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
+    if cfg["data_fraction"] < 1:
+        n = max(1, round(cfg["data_fraction"] * len(train_files)))
+        keep = sorted(random.Random(f"{cfg['seed']}:data_fraction").sample(range(len(train_files)), n))
+        train_files, train_lengths = [train_files[i] for i in keep], [train_lengths[i] for i in keep]
+    return manifests, (train_files, train_lengths), val
+
+
 def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory):
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
@@ -262,13 +276,10 @@ def run_training(args: dict) -> None:
     use_cuda = args["gpus"] > 0 and torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     d2t, t2d = (m.to(device) for m in load_vocab_map(args["d2t"], args["t2d"]))
-    manifests = [read_json(p) for p in args["manifests"]]
+    manifests, (train_files, train_lengths), (val_files, val_lengths) = training_split(args["manifests"], cfg)
     aux_layer_ids = manifests[0]["aux_layer_ids"]
-    files = shard_files(args["manifests"])
-    lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
-    (train_files, train_lengths), (val_files, val_lengths) = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
-    log.info("training on %d samples (%d tokens) from %d shards; %d samples held out for validation",
-             len(train_files), sum(train_lengths), len(manifests), len(val_files))
+    log.info("training on %d samples (%d tokens; data_fraction %s) from %d shards; %d samples held out for validation",
+             len(train_files), sum(train_lengths), cfg["data_fraction"], len(manifests), len(val_files))
 
     torch.manual_seed(cfg["seed"])
     draft = build_draft(TargetSpec.from_dict(args["target"]), d2t, t2d, cfg["draft_layers"], aux_layer_ids,
@@ -335,8 +346,16 @@ def export_checkpoint(state_dir: Path, epochs: int, out_config: Path, out_weight
             shutil.copyfile(src, tmp)
 
 
+def data_summary(manifests: list[str], training: dict) -> dict:
+    """What the draft was trained on (the report's data-size figure reads it)."""
+    _, (train_files, train_lengths), (val_files, val_lengths) = training_split(manifests, training)
+    return {"data_fraction": training["data_fraction"], "train_samples": len(train_files),
+            "train_tokens": int(sum(train_lengths)), "val_samples": len(val_files), "val_tokens": int(sum(val_lengths)),
+            "epochs": training["epochs"], "ttt_steps": training["ttt_steps"]}
+
+
 def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, training: dict, state_dir: str, variant: str,
-                gpus: int, out_config: str, out_weights: str, out_metrics: str) -> None:
+                gpus: int, out_config: str, out_weights: str, out_metrics: str, out_data: str) -> None:
     """Validate inputs, train (in process, or under torchrun for gpus > 1), export the checkpoint."""
 
     check_inputs(manifests, *load_vocab_map(d2t, t2d), target)
@@ -357,6 +376,7 @@ def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, tr
     else:
         run_training(args)
     export_checkpoint(Path(state_dir), training["epochs"], Path(out_config), Path(out_weights), Path(out_metrics))
+    write_json(out_data, data_summary(manifests, training))
 
 
 if __name__ == "__main__":  # torchrun entry point: python -m draftsmith.training.trainer ARGS_JSON
