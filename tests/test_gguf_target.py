@@ -15,14 +15,6 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="session")
-def imported(tmp_path_factory):
-    """(target dir, provenance, GGUF-loaded model, its tokenizer): one import for all tests here."""
-    out = tmp_path_factory.mktemp("smollm2") / "target"
-    provenance, model, tokenizer = gguf_target.import_and_load(out)
-    return out, provenance, model, tokenizer
-
-
-@pytest.fixture(scope="session")
 def reloaded(imported):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
