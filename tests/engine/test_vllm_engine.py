@@ -14,16 +14,8 @@ import time
 
 import pytest
 import torch
-from conftest import hf_backend
-from engine_support import (
-    AUX,
-    BATCHED_TOKENS,
-    MAX_MODEL_LEN,
-    build_engine_target,
-    engine_unavailable,
-    prepare_samples,
-    reset_engine,
-)
+from conftest import build_target, hf_backend, prepare_samples
+from engine_support import AUX, BATCHED_TOKENS, ENGINE_TARGET, MAX_MODEL_LEN, engine_unavailable, reset_engine
 
 REASON = engine_unavailable()
 if REASON:
@@ -67,7 +59,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return build_engine_target(tmp_path_factory.mktemp("engine_target"))
+    return build_target(tmp_path_factory.mktemp("engine_target"), ENGINE_TARGET)
 
 
 @pytest.fixture(scope="module")
