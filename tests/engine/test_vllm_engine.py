@@ -15,11 +15,9 @@ import time
 import pytest
 import torch
 from conftest import build_target, hf_backend, prepare_samples
-from engine_support import AUX, BATCHED_TOKENS, ENGINE_TARGET, MAX_MODEL_LEN, engine_unavailable, reset_engine
+from engine_support import AUX, BATCHED_TOKENS, ENGINE_TARGET, MAX_MODEL_LEN, reset_engine, skip_module_unless_engine_runs
 
-REASON = engine_unavailable()
-if REASON:
-    pytest.skip(REASON, allow_module_level=True)
+skip_module_unless_engine_runs()
 
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups  # noqa: E402
