@@ -80,6 +80,17 @@ def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None
     return workdir
 
 
+@pytest.fixture
+def packages_not_installed(monkeypatch):
+    """importlib.metadata finds no installed distribution, as on a machine without the data packages."""
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+
+
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory) -> Path:
     """The whole DAG on the tiny configuration, run once; returns the working directory."""
