@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.data import mtbench  # noqa: E402
-from draftsmith.target_model.gguf import END_OF_TURN, import_gguf_target  # noqa: E402
 from draftsmith.io import write_text  # noqa: E402
+from draftsmith.target_model.gguf import END_OF_TURN, import_gguf_target  # noqa: E402
 
 ROWS: list[dict] = []
 OUT: dict = {}  # "table" path and "header", set by main: the table is rewritten after every row
@@ -88,9 +88,10 @@ def extraction_sequences(tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> 
 
 
 def time_extraction(target: str, batch_tokens_list: list[int], n: int) -> None:
+    from transformers import AutoTokenizer
+
     from draftsmith.extraction.hf_backend import HFHiddenStateExtractor, plan_batches
     from draftsmith.target_model.layers import default_aux_layer_ids
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     ex = HFHiddenStateExtractor(target, default_aux_layer_ids(30), device="cpu", dtype="float32")
