@@ -85,8 +85,8 @@ def iter_jsonl(path: Path) -> Iterator[RawRecord]:
     source = str(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -113,9 +113,7 @@ def _starts_with_array(path: Path) -> bool:
 
 def iter_json_array(path: Path) -> Iterator[RawRecord]:
     """A JSON array of records: one document, so undecodable bytes or bad syntax fail the whole file."""
-    raw = path.read_bytes()
-    if raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8):]
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
