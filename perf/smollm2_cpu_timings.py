@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.data import mtbench  # noqa: E402
-from draftsmith.target_model.gguf import END_OF_TURN, import_gguf_target  # noqa: E402
 from draftsmith.io import write_text  # noqa: E402
+from draftsmith.target_model.gguf import END_OF_TURN, import_gguf_target  # noqa: E402
 
 ROWS: list[dict] = []
 OUT: dict = {}  # "table" path and "header", set by main: the table is rewritten after every row
@@ -88,9 +88,10 @@ def extraction_sequences(tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> 
 
 
 def time_extraction(target: str, batch_tokens_list: list[int], n: int) -> None:
+    from transformers import AutoTokenizer
+
     from draftsmith.extraction.hf_backend import HFHiddenStateExtractor, plan_batches
     from draftsmith.target_model.layers import default_aux_layer_ids
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     ex = HFHiddenStateExtractor(target, default_aux_layer_ids(30), device="cpu", dtype="float32")
@@ -115,6 +116,18 @@ def left_pad(batch: list[list[int]], pad: int):
     return ids, mask
 
 
+def time_stop_at_end_of_turn(model, prompts: list[list[int]], eot: int, max_new: int, batch: int, what: str) -> None:
+    """Greedy answers to `prompts` that stop at <|im_end|>, counting the useful tokens (up to it) only."""
+    ids, mask = left_pad(prompts, eot)
+    with Timer() as t:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                             pad_token_id=eot, eos_token_id=eot)
+    new = out[:, ids.shape[1]:]
+    useful = int(sum(((row == eot).nonzero()[0, 0] + 1) if (row == eot).any() else len(row) for row in new))
+    record("(c) generate, stop at <|im_end|>", f"batch {batch}, max_new_tokens {max_new}, {what} "
+           f"(mean answer {useful / batch:.0f} tok, {new.shape[1]} steps)", useful, t, "useful tokens only")
+
+
 @torch.inference_mode()
 def time_generation(model, tokenizer, batch_sizes: list[int], new_tokens: list[int], real_batches: list[int],
                     real_new: int) -> None:
@@ -133,23 +146,8 @@ def time_generation(model, tokenizer, batch_sizes: list[int], new_tokens: list[i
                    f"(prompt {int(mask.sum(1).float().mean())} tok avg)", b * gen, t)
     for b in real_batches:
         prompts = train[:b] if b <= len(train) else train
-        ids, mask = left_pad(prompts, eot)
-        with Timer() as t:
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=real_new, do_sample=False,
-                                 pad_token_id=eot, eos_token_id=eot)
-        new = out[:, ids.shape[1]:]
-        useful = int(sum(((row == eot).nonzero()[0, 0] + 1) if (row == eot).any() else len(row) for row in new))
-        record("(c) generate, stop at <|im_end|>", f"batch {len(prompts)}, max_new_tokens {real_new}, training prompts "
-               f"(mean answer {useful / len(prompts):.0f} tok, {new.shape[1]} steps)", useful, t,
-               "useful tokens only")
-        ids, mask = left_pad(mt[:b], eot)
-        with Timer() as t:
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=real_new, do_sample=False,
-                                 pad_token_id=eot, eos_token_id=eot)
-        new = out[:, ids.shape[1]:]
-        useful = int(sum(((row == eot).nonzero()[0, 0] + 1) if (row == eot).any() else len(row) for row in new))
-        record("(c) generate, stop at <|im_end|>", f"batch {b}, max_new_tokens {real_new}, MT-Bench first turns "
-               f"(mean answer {useful / b:.0f} tok, {new.shape[1]} steps)", useful, t, "useful tokens only")
+        time_stop_at_end_of_turn(model, prompts, eot, real_new, len(prompts), "training prompts")
+        time_stop_at_end_of_turn(model, mt[:b], eot, real_new, b, "MT-Bench first turns")
 
 
 def time_batch1(model, tokenizer, n: int, max_new: int) -> None:

@@ -80,6 +80,17 @@ def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None
     return workdir
 
 
+@pytest.fixture
+def packages_not_installed(monkeypatch):
+    """importlib.metadata finds no installed distribution, as on a machine without the data packages."""
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+
+
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory) -> Path:
     """The whole DAG on the tiny configuration, run once; returns the working directory."""
@@ -89,34 +100,42 @@ def pipeline_run(tmp_path_factory) -> Path:
     return workdir
 
 
-@pytest.fixture(scope="session")
-def tiny_target(tmp_path_factory) -> Path:
-    """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained)."""
+def build_target(out: Path, config: dict) -> Path:
+    """A small Llama target + tokenizer built by the embedded-target code (`config`: an `embedded_target`
+    section), pretrained on synthetic chats."""
     from draftsmith.data.synthetic import generate_corpus
     from draftsmith.target_model.embedded import build_embedded_target
 
-    out = tmp_path_factory.mktemp("tiny_target")
     train, _ = generate_corpus(120, 1, seed=0)
-    cfg = {**TINY_CONFIG["embedded_target"], "pretrain_steps": 10}
-    build_embedded_target([r["messages"] for r in train], cfg, seed=0, out_dir=out)
+    build_embedded_target([r["messages"] for r in train], config, seed=0, out_dir=out)
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_samples(tiny_target, tmp_path_factory) -> Path:
-    """Prepared samples (Parquet) of a small synthetic dataset for `tiny_target`."""
+def prepare_samples(target: Path, out: Path) -> Path:
+    """Prepared samples (Parquet) of a small synthetic dataset for `target`."""
     from transformers import AutoTokenizer
 
     from draftsmith.data.synthetic import generate_corpus
     from draftsmith.data.tokenization import prepare_dataset
     from draftsmith.io import write_jsonl
 
-    out = tmp_path_factory.mktemp("tiny_samples")
     train, _ = generate_corpus(40, 1, seed=3)
     write_jsonl(out / "train.jsonl", train)
-    prepare_dataset({"source": "local", "path": str(out / "train.jsonl")}, AutoTokenizer.from_pretrained(tiny_target),
+    prepare_dataset({"source": "local", "path": str(out / "train.jsonl")}, AutoTokenizer.from_pretrained(target),
                     256, out / "samples.parquet", out / "stats.json", name="tiny")
     return out / "samples.parquet"
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained)."""
+    return build_target(tmp_path_factory.mktemp("tiny_target"), {**TINY_CONFIG["embedded_target"], "pretrain_steps": 10})
+
+
+@pytest.fixture(scope="session")
+def tiny_samples(tiny_target, tmp_path_factory) -> Path:
+    """Prepared samples (Parquet) of a small synthetic dataset for `tiny_target`."""
+    return prepare_samples(tiny_target, tmp_path_factory.mktemp("tiny_samples"))
 
 
 @pytest.fixture(scope="session")

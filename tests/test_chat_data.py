@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from draftsmith.data.chat_data import BadRecord, iter_records, normalise
+from draftsmith.data.chat_data import BadRecord, normalise
+from draftsmith.data.readers import iter_records
 
 
 def test_sharegpt_and_openai_records_normalise_to_the_same_messages():

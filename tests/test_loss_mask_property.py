@@ -82,47 +82,28 @@ def whitespace_tokenizer(tmp_path_factory):
     return tok
 
 
-@PROPERTY
-@given(messages=conversations())
-def test_embedded_template(embedded, messages):
-    check(embedded, messages, "<|end|>")
+# case -> (tokenizer: the embedded target's or the whitespace-merging one; (chat template, its special tokens),
+# or None for the tokenizer's own, the embedded template; the template's end-of-turn token; whether it strips replies)
+CASES = {
+    "embedded": ("embedded", None, "<|end|>", False),
+    "llama3-trims-content": ("embedded", (LLAMA3_TEMPLATE, LLAMA3_TOKENS), "<|eot_id|>", True),
+    "smollm2-chatml-embedded": ("embedded", (SMOLLM2_TEMPLATE, CHATML_TOKENS), "<|im_end|>", False),
+    "smollm2-chatml-whitespace": ("whitespace", (SMOLLM2_TEMPLATE, CHATML_TOKENS), "<|im_end|>", False),
+    "qwen25-whitespace": ("whitespace", (QWEN25_TEMPLATE, CHATML_TOKENS), "<|im_end|>", False),
+    "whitespace-merging-on-the-embedded-template": ("whitespace", None, "<|end|>", False),
+}
 
 
-@pytest.fixture(scope="module")
-def llama3(embedded):
-    return with_template(embedded, LLAMA3_TEMPLATE, LLAMA3_TOKENS)
-
-
-@PROPERTY
-@given(messages=conversations())
-def test_llama3_template_trims_content(llama3, messages):
-    check(llama3, messages, "<|eot_id|>", trim=True)
-
-
-@pytest.fixture(scope="module", params=["embedded", "whitespace"])
-def smollm2(request, embedded, whitespace_tokenizer):
-    base = embedded if request.param == "embedded" else whitespace_tokenizer
-    return with_template(base, SMOLLM2_TEMPLATE, CHATML_TOKENS)
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, embedded, whitespace_tokenizer):
+    """(tokenizer carrying the case's template, end-of-turn token, trim)."""
+    base, template, end, trim = CASES[request.param]
+    tokenizer = embedded if base == "embedded" else whitespace_tokenizer
+    return (with_template(tokenizer, *template) if template else tokenizer), end, trim
 
 
 @PROPERTY
 @given(messages=conversations())
-def test_smollm2_chatml_template(smollm2, messages):
-    check(smollm2, messages, "<|im_end|>")
-
-
-@pytest.fixture(scope="module")
-def qwen25(whitespace_tokenizer):
-    return with_template(whitespace_tokenizer, QWEN25_TEMPLATE, CHATML_TOKENS)
-
-
-@PROPERTY
-@given(messages=conversations())
-def test_qwen25_template(qwen25, messages):
-    check(qwen25, messages, "<|im_end|>")
-
-
-@PROPERTY
-@given(messages=conversations())
-def test_whitespace_merging_tokenizer_on_the_embedded_template(whitespace_tokenizer, messages):
-    check(whitespace_tokenizer, messages, "<|end|>")
+def test_masked_tokens_are_the_assistant_replies(case, messages):
+    tokenizer, end, trim = case
+    check(tokenizer, messages, end, trim)

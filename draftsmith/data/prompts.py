@@ -18,7 +18,8 @@ import logging
 import json
 from pathlib import Path
 
-from draftsmith.data.chat_data import BadRecord, RawRecord, iter_records, normalise
+from draftsmith.data.chat_data import BadRecord, normalise
+from draftsmith.data.readers import RawRecord, iter_records
 from draftsmith.io import write_jsonl
 
 log = logging.getLogger(__name__)

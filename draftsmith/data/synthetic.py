@@ -28,114 +28,83 @@ SYSTEM_PROMPTS = [
 Conversation = list[dict[str, str]]
 
 
+def _exchange(question: str, answer: str) -> Conversation:
+    """A user turn and the assistant's reply."""
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
 def _arithmetic(rng: random.Random) -> Conversation:
     a, b = rng.randint(2, 99), rng.randint(2, 99)
     op = rng.choice(["+", "-", "*"])
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    conv = [
-        {"role": "user", "content": f"What is {a} {op} {b}?"},
-        {"role": "assistant", "content": f"{a} {op} {b} = {value}. The answer is {value}."},
-    ]
+    conv = _exchange(f"What is {a} {op} {b}?", f"{a} {op} {b} = {value}. The answer is {value}.")
     if rng.random() < 0.6:
         c = rng.randint(1, 20)
-        conv += [
-            {"role": "user", "content": f"Now add {c} to that."},
-            {"role": "assistant", "content": f"{value} + {c} = {value + c}. The answer is {value + c}."},
-        ]
+        conv += _exchange(f"Now add {c} to that.", f"{value} + {c} = {value + c}. The answer is {value + c}.")
     return conv
 
 
 def _reverse_words(rng: random.Random) -> Conversation:
     words = rng.sample(WORDS, rng.randint(3, 7))
-    return [
-        {"role": "user", "content": "Reverse the order of these words: " + " ".join(words)},
-        {"role": "assistant", "content": "Here are the words in reverse order: " + " ".join(reversed(words)) + "."},
-    ]
+    return _exchange("Reverse the order of these words: " + " ".join(words),
+                     "Here are the words in reverse order: " + " ".join(reversed(words)) + ".")
 
 
 def _sort_numbers(rng: random.Random) -> Conversation:
     nums = [rng.randint(0, 99) for _ in range(rng.randint(4, 9))]
     order = rng.choice(["ascending", "descending"])
     ordered = sorted(nums, reverse=order == "descending")
-    return [
-        {"role": "user", "content": f"Sort these numbers in {order} order: " + ", ".join(map(str, nums))},
-        {"role": "assistant", "content": f"Sorted in {order} order: " + ", ".join(map(str, ordered)) + "."},
-    ]
+    return _exchange(f"Sort these numbers in {order} order: " + ", ".join(map(str, nums)),
+                     f"Sorted in {order} order: " + ", ".join(map(str, ordered)) + ".")
 
 
 def _capital(rng: random.Random) -> Conversation:
     countries = rng.sample(sorted(CAPITALS), 2)
-    conv = [
-        {"role": "user", "content": f"What is the capital of {countries[0]}?"},
-        {"role": "assistant", "content": f"The capital of {countries[0]} is {CAPITALS[countries[0]]}."},
-    ]
+    conv = _exchange(f"What is the capital of {countries[0]}?", f"The capital of {countries[0]} is {CAPITALS[countries[0]]}.")
     if rng.random() < 0.5:
-        conv += [
-            {"role": "user", "content": f"And the capital of {countries[1]}?"},
-            {"role": "assistant", "content": f"The capital of {countries[1]} is {CAPITALS[countries[1]]}."},
-        ]
+        conv += _exchange(f"And the capital of {countries[1]}?", f"The capital of {countries[1]} is {CAPITALS[countries[1]]}.")
     return conv
 
 
 def _count_letters(rng: random.Random) -> Conversation:
     word = rng.choice(WORDS)
-    return [
-        {"role": "user", "content": f"How many letters are in the word {word}?"},
-        {"role": "assistant", "content": f"The word {word} has {len(word)} letters: " + "-".join(word) + "."},
-    ]
+    return _exchange(f"How many letters are in the word {word}?",
+                     f"The word {word} has {len(word)} letters: " + "-".join(word) + ".")
 
 
 def _uppercase(rng: random.Random) -> Conversation:
     words = rng.sample(WORDS, rng.randint(2, 5))
     text = " ".join(words)
-    return [
-        {"role": "user", "content": f"Write this in capital letters: {text}"},
-        {"role": "assistant", "content": f"In capital letters: {text.upper()}."},
-    ]
+    return _exchange(f"Write this in capital letters: {text}", f"In capital letters: {text.upper()}.")
 
 
 def _greeting(rng: random.Random) -> Conversation:
     name, color = rng.choice(NAMES), rng.choice(COLORS)
-    return [
-        {"role": "user", "content": f"Write a short greeting for {name}, whose favourite colour is {color}."},
-        {
-            "role": "assistant",
-            "content": (
-                f"Hello {name}! It is lovely to meet you. I hear your favourite colour is {color}, "
-                f"so I hope your day is as bright as {color} can be. Best wishes, your assistant."
-            ),
-        },
-    ]
+    return _exchange(
+        f"Write a short greeting for {name}, whose favourite colour is {color}.",
+        f"Hello {name}! It is lovely to meet you. I hear your favourite colour is {color}, "
+        f"so I hope your day is as bright as {color} can be. Best wishes, your assistant.",
+    )
 
 
 def _count_range(rng: random.Random) -> Conversation:
     start = rng.randint(0, 50)
     stop = start + rng.randint(3, 12)
-    return [
-        {"role": "user", "content": f"Count from {start} to {stop}."},
-        {"role": "assistant", "content": ", ".join(str(i) for i in range(start, stop + 1)) + "."},
-    ]
+    return _exchange(f"Count from {start} to {stop}.", ", ".join(str(i) for i in range(start, stop + 1)) + ".")
 
 
 def _multiples(rng: random.Random) -> Conversation:
     m, n = rng.randint(2, 12), rng.randint(3, 8)
-    return [
-        {"role": "user", "content": f"List the first {n} multiples of {m}."},
-        {"role": "assistant", "content": f"The first {n} multiples of {m} are " + ", ".join(str(m * i) for i in range(1, n + 1)) + "."},
-    ]
+    return _exchange(f"List the first {n} multiples of {m}.",
+                     f"The first {n} multiples of {m} are " + ", ".join(str(m * i) for i in range(1, n + 1)) + ".")
 
 
 def _shopping(rng: random.Random) -> Conversation:
     items = rng.sample(WORDS, rng.randint(2, 4))
     prices = [rng.randint(1, 9) for _ in items]
     lines = "\n".join(f"- {item}: {price} dollars" for item, price in zip(items, prices))
-    return [
-        {"role": "user", "content": "What is the total cost of:\n" + lines},
-        {
-            "role": "assistant",
-            "content": " + ".join(map(str, prices)) + f" = {sum(prices)}. The total cost is {sum(prices)} dollars.",
-        },
-    ]
+    return _exchange("What is the total cost of:\n" + lines,
+                     " + ".join(map(str, prices)) + f" = {sum(prices)}. The total cost is {sum(prices)} dollars.")
 
 
 TASKS: dict[str, Callable[[random.Random], Conversation]] = {

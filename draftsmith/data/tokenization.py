@@ -33,7 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from draftsmith.data.chat_data import BadRecord, iter_records, normalise, record_tools
+from draftsmith.data.chat_data import BadRecord, normalise, record_tools
+from draftsmith.data.readers import iter_records
 from draftsmith.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 from pathlib import Path
 
 import torch
 
 from draftsmith.io import read_json, sha256_file
-
-log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 JOURNAL = "progress.jsonl"

@@ -10,8 +10,8 @@ modules skip there, saying so; `make test-engine` fails on any skip.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+import pytest
 from conftest import TINY_CONFIG
 
 AUX = [1, 3, 4]
@@ -46,28 +46,11 @@ def engine_unavailable() -> str | None:
     return None
 
 
-def build_engine_target(out: Path) -> Path:
-    from draftsmith.data.synthetic import generate_corpus
-    from draftsmith.target_model.embedded import build_embedded_target
-
-    train, _ = generate_corpus(120, 1, seed=0)
-    build_embedded_target([r["messages"] for r in train], ENGINE_TARGET, seed=0, out_dir=out)
-    return out
-
-
-def prepare_samples(target: Path, out: Path) -> Path:
-    """Prepared samples (Parquet) of a small synthetic dataset for `target` (as tests/conftest.py's tiny_samples)."""
-    from transformers import AutoTokenizer
-
-    from draftsmith.data.synthetic import generate_corpus
-    from draftsmith.data.tokenization import prepare_dataset
-    from draftsmith.io import write_jsonl
-
-    train, _ = generate_corpus(40, 1, seed=3)
-    write_jsonl(out / "train.jsonl", train)
-    prepare_dataset({"source": "local", "path": str(out / "train.jsonl")}, AutoTokenizer.from_pretrained(target),
-                    256, out / "samples.parquet", out / "stats.json", name="tiny")
-    return out / "samples.parquet"
+def skip_module_unless_engine_runs() -> None:
+    """Skip the calling test module, saying why, where the engine cannot run here (`make test-engine` fails on it)."""
+    reason = engine_unavailable()
+    if reason:
+        pytest.skip(reason, allow_module_level=True)
 
 
 def reset_engine(gen) -> None:

@@ -8,11 +8,9 @@ import json
 
 import pytest
 from conftest import snakemake, write_config
-from engine_support import AUX, ENGINE_TARGET, engine_unavailable
+from engine_support import AUX, ENGINE_TARGET, skip_module_unless_engine_runs
 
-REASON = engine_unavailable()
-if REASON:
-    pytest.skip(REASON, allow_module_level=True)
+skip_module_unless_engine_runs()
 
 from draftsmith.data.tokenization import read_samples  # noqa: E402
 from draftsmith.extraction.shards import validate_shard  # noqa: E402

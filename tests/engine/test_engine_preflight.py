@@ -12,11 +12,9 @@ import sys
 import pytest
 import yaml
 from conftest import REPO, TINY_CONFIG
-from engine_support import AUX, ENGINE_TARGET, engine_unavailable
+from engine_support import AUX, ENGINE_TARGET, skip_module_unless_engine_runs
 
-REASON = engine_unavailable()
-if REASON:
-    pytest.skip(REASON, allow_module_level=True)
+skip_module_unless_engine_runs()
 
 from vllm.platforms import current_platform  # noqa: E402
 

@@ -14,20 +14,10 @@ import time
 
 import pytest
 import torch
-from conftest import hf_backend
-from engine_support import (
-    AUX,
-    BATCHED_TOKENS,
-    MAX_MODEL_LEN,
-    build_engine_target,
-    engine_unavailable,
-    prepare_samples,
-    reset_engine,
-)
+from conftest import build_target, hf_backend, prepare_samples
+from engine_support import AUX, BATCHED_TOKENS, ENGINE_TARGET, MAX_MODEL_LEN, reset_engine, skip_module_unless_engine_runs
 
-REASON = engine_unavailable()
-if REASON:
-    pytest.skip(REASON, allow_module_level=True)
+skip_module_unless_engine_runs()
 
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups  # noqa: E402
@@ -67,7 +57,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return build_engine_target(tmp_path_factory.mktemp("engine_target"))
+    return build_target(tmp_path_factory.mktemp("engine_target"), ENGINE_TARGET)
 
 
 @pytest.fixture(scope="module")
