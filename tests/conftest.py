@@ -51,7 +51,8 @@ def hf_backend(target_dir, aux, extractor=None, batch_tokens=1024, max_batch_siz
 def write_config(workdir: Path, overrides: dict | None = None) -> Path:
     config = {**TINY_CONFIG, "results": str(workdir / "results")}
     for key, value in (overrides or {}).items():
-        config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
+        merge = isinstance(value, dict) and isinstance(config.get(key), dict) and key not in ("datasets", "variants")
+        config[key] = {**config[key], **value} if merge else value  # named sections replace, as in the workflow
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
