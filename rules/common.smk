@@ -108,7 +108,11 @@ def regenerated_path(dataset):
 def dataset_spec(dataset):
     """What prepare_dataset reads: the target's own answers for a regenerated dataset, else the raw data."""
     if dataset in REGENERATED:
-        return {"source": "local", "path": str(regenerated_path(dataset)), "max_records": None}
+        return {
+            "source": "local",
+            "path": str(regenerated_path(dataset)),
+            "max_records": None,
+        }
     return raw_dataset_spec(dataset)
 
 
@@ -143,7 +147,9 @@ def variant_training(variant):
 
 def variant_methods(variant):
     """The benchmark methods of a variant, target_greedy (the reference) first."""
-    methods = config["variants"][variant].get("benchmark_methods", config["benchmark"]["methods"])
+    methods = config["variants"][variant].get(
+        "benchmark_methods", config["benchmark"]["methods"]
+    )
     return ["target_greedy", *(m for m in methods if m != "target_greedy")]
 
 

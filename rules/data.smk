@@ -40,7 +40,6 @@ if TARGET_RULE == "import_target":
         script:
             "../scripts/import_target.py"
 
-
 elif TARGET_RULE == "build_target":
 
     rule build_target:

@@ -1,4 +1,4 @@
-from draftsmith.data.regenerate import regeneration_prompts, regenerate
+from draftsmith.data.regenerate import regenerate, regeneration_prompts
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec

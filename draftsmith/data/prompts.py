@@ -13,9 +13,8 @@ benchmark job then reads (`read_benchmark_prompts`).
 
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 from pathlib import Path
 
 from draftsmith.data.chat_data import BadRecord, normalise
