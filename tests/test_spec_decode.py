@@ -185,7 +185,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
            "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
-           "dtype": "float32", "seed": 0}
+           "dtype": "float32", "seed": 0, "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
     out = tiny["root"] / "bench"
     summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
@@ -202,6 +202,18 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
 
     rows = pd.read_csv(out / "per_prompt.csv")
     assert len(rows) == 3 * 4 and list(rows.columns[-2:]) == ["accept_pos_1", "accept_pos_2"]
+    assert set(rows["category"]) == {p["category"] for p in prompts}  # the synthetic task families
+    for category, stats in methods["eagle3_draft"]["per_category"].items():
+        g = rows[(rows["method"] == "eagle3_draft") & (rows["category"] == category)]
+        assert stats["acceptance_length"] == pytest.approx(g["new_tokens"].sum() / g["target_forwards"].sum())
+    only = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                                 {**cfg, "methods": ["target_greedy", "eagle3_draft"]}, out / "two.csv", out / "two.json",
+                                 "default")
+    assert list(only["methods"]) == ["target_greedy", "eagle3_draft"]
+    assert only["methods"]["eagle3_draft"]["acceptance_length"] == methods["eagle3_draft"]["acceptance_length"]
+    with pytest.raises(ValueError, match="lack target_greedy"):
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                              {**cfg, "methods": ["eagle3_draft"]}, out / "x.csv", out / "x.json", "default")
     with pytest.raises(ValueError, match="batch_size"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_size": 4},
                               out / "x.csv", out / "x.json", "default")
