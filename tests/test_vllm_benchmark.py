@@ -14,18 +14,15 @@ import time
 import pandas as pd
 import pytest
 
+from draftsmith.benchmark.prometheus import counter_delta, parse_prometheus, spec_decode_counters
 from draftsmith.benchmark.results import COLUMNS, accept_columns
+from draftsmith.benchmark.vllm_benchmark import BASELINE_FILE, run_vllm_benchmark
 from draftsmith.benchmark.vllm_server import (
-    BASELINE_FILE,
     ServerError,
     VllmServer,
-    counter_delta,
     free_port,
-    parse_prometheus,
     root_cause,
-    run_vllm_benchmark,
     serve_command,
-    spec_decode_counters,
     speculative_config,
 )
 from draftsmith.config.workflow import section_defaults
