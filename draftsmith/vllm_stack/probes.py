@@ -177,3 +177,55 @@ def probe_request_pairing() -> Probe:
     by_offset = "offset" in src and "request_id" not in src.split("_get_captured_states")[-1]
     return Probe(by_offset, "speculators slices the concatenated captured states by position (offset) in input order"
                  if by_offset else "speculators pairs results by request id")
+
+
+# ----------------------------------------------------------------------------- the CPU test worker
+
+# draftsmith.vllm_stack.cpu_spec_worker (a test harness): vLLM's worker-class option names it by this path
+CPU_TEST_WORKER = "draftsmith.vllm_stack.cpu_spec_worker.CPUSpecDecodeWorker"
+CPU_RUNNER = ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner")
+GPU_RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+REJECTION = "vllm.v1.sample.rejection_sampler"
+EAGLE = ("vllm.v1.spec_decode.eagle", "SpecDecodeBaseProposer")
+
+
+@dataclass(frozen=True)
+class CpuSpecFix:
+    name: str
+    needed: bool
+    evidence: str
+
+
+def _cpu_spec_fix(name: str, module: str, qualname: str, needed, found: str, not_found: str) -> CpuSpecFix:
+    """A probe of the source of `module.qualname`: `needed(source)` says whether the worker's change applies."""
+    src = source_of(module, qualname)
+    if not src:
+        return CpuSpecFix(name, False, f"{module}.{qualname} is not installed")
+    applies = bool(needed(src))
+    return CpuSpecFix(name, applies, f"{qualname} {found if applies else not_found}")
+
+
+def _spec_decode_assertion(src: str) -> str | None:
+    """The assertion in `src` that refuses a speculative config, as source text."""
+    asserts = [ast.unparse(n) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Assert)
+               and "speculative_config" in ast.unparse(n.test)]
+    return asserts[0] if asserts else None
+
+
+def cpu_spec_decode_fixes() -> list[CpuSpecFix]:
+    """What the installed vLLM needs from the test-only CPU worker to run speculative decoding on its CPU platform,
+    read from its source without importing it. `cpu_runner_assertion.needed`: vLLM's own CPU worker refuses it."""
+    init = source_of(CPU_RUNNER[0], f"{CPU_RUNNER[1]}.__init__")
+    assertion = _spec_decode_assertion(init) if init else None
+    return [
+        _cpu_spec_fix("cpu_runner_assertion", CPU_RUNNER[0], f"{CPU_RUNNER[1]}.__init__", lambda _: assertion,
+                      f"refuses speculative decoding: `{assertion}`", "accepts a speculative config"),
+        _cpu_spec_fix("cpu_runner_loads_drafter", CPU_RUNNER[0], f"{CPU_RUNNER[1]}.load_model", lambda s: "drafter" not in s,
+                      "loads the target only", "loads the drafter"),
+        _cpu_spec_fix("draft_copy_without_cuda_stream", GPU_RUNNER[0], f"{GPU_RUNNER[1]}._copy_draft_token_ids_to_cpu",
+                      lambda s: "torch.cuda.stream" in s, "copies on a CUDA stream", "uses no CUDA stream"),
+        _cpu_spec_fix("greedy_rejection_in_torch", REJECTION, "rejection_sample", lambda s: "rejection_greedy_sample_kernel[" in s,
+                      "launches the Triton kernel rejection_greedy_sample_kernel", "launches no greedy Triton kernel"),
+        _cpu_spec_fix("unpadded_drafter_batch", EAGLE[0], f"{EAGLE[1]}.prepare_inputs_padded", lambda s: "_kernel[" in s,
+                      "(the padded drafter batch) launches a Triton kernel", "launches no Triton kernel"),
+    ]
