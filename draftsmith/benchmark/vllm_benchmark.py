@@ -22,16 +22,25 @@ from types import SimpleNamespace
 
 from draftsmith.benchmark.prometheus import counter_delta
 from draftsmith.benchmark.results import BASELINE, accept_columns, finish_rows, summarise
-from draftsmith.benchmark.vllm_server import ServerError, VllmServer, free_port, serve_command, speculative_config
+from draftsmith.benchmark.vllm_server import (
+    ServerError,
+    VllmServer,
+    check_cpu_test_worker,
+    free_port,
+    serve_command,
+    speculative_config,
+)
 from draftsmith.devices import gpu_name
 from draftsmith.io import atomic_path, read_json, sha256_bytes, write_json
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.vllm_stack.probes import CPU_TEST_WORKER
 
 log = logging.getLogger(__name__)
 
 METHOD = "eagle3_draft"
 BASELINE_FILE = "target_only_run.json"
+OUTPUTS_FILE = "vllm_outputs.json"  # beside the summary: {method: {prompt_id: generated token ids}}
 # the one definition used in every summary (the offline backend's too); vLLM's own "mean acceptance
 # length", 1 + accepted / drafts, leaves out the prefill's token and is not reported
 ACCEPTANCE_LENGTH = "generated tokens per target forward pass (the prefill and each verification), bonus token included"
@@ -41,7 +50,8 @@ ACCEPTANCE_LENGTH = "generated tokens per target forward pass (the prefill and e
 
 
 def run_method(server: VllmServer, prompts: list[dict], cfg: dict, method: str, variant: str) -> tuple[list[dict], dict]:
-    """All prompts on one server; returns the rows and the run's totals (wall seconds, counter deltas)."""
+    """All prompts on one server; returns the rows and the run's totals (wall seconds, counter deltas, and each
+    prompt's generated token ids as `outputs`)."""
     from tqdm import tqdm
 
     k, max_tokens, seed = cfg["num_speculative_tokens"], cfg["max_new_tokens"], cfg["seed"]
@@ -49,10 +59,12 @@ def run_method(server: VllmServer, prompts: list[dict], cfg: dict, method: str, 
     server.chat(prompts[0]["messages"], min(8, max_tokens), seed)  # warm-up
     speculative = method == METHOD
     before_all = server.metrics(k) if speculative else None
-    rows = []
+    rows, outputs = [], {}
     start = time.perf_counter()
 
     def row(prompt, result, delta):
+        result = dict(result)
+        outputs[prompt["prompt_id"]] = result.pop("output_token_ids", None)
         base = {"variant": variant, "backend": "vllm", "method": method, "prompt_id": prompt["prompt_id"], **result}
         if not speculative:
             return {**base, "target_forwards": result["new_tokens"], "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
@@ -77,7 +89,7 @@ def run_method(server: VllmServer, prompts: list[dict], cfg: dict, method: str, 
                 for prompt, future in zip(prompts, futures):
                     rows.append(row(prompt, future.result(), None))
                     bar.update()
-    totals = {"wall_seconds": time.perf_counter() - start}
+    totals = {"wall_seconds": time.perf_counter() - start, "outputs": outputs}
     if speculative:
         totals["counters"] = counter_delta(server.metrics(k), before_all)
     return rows, totals
@@ -113,6 +125,16 @@ def summarise_runs(rows: list[dict], totals: dict, k: int, concurrency: int) -> 
     if concurrency > 1 and BASELINE in methods:
         for entry in methods.values():
             entry["speedup"] = entry["tokens_per_s"] / methods[BASELINE]["tokens_per_s"]
+    base_outputs = totals.get(BASELINE, {}).get("outputs") or {}
+    for method, run in totals.items():
+        outputs = run.get("outputs") or {}
+        if method == BASELINE or not outputs or None in outputs.values() or None in base_outputs.values():
+            continue  # a server that returned no token ids: outputs are not compared
+        mismatched = [pid for pid, tokens in outputs.items() if tokens != base_outputs.get(pid)]
+        methods[method].update(lossless=not mismatched, mismatched_prompts=mismatched)
+        if mismatched:
+            log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding on %d of %d prompts: %s",
+                      method, len(mismatched), len(outputs), mismatched[:10])
     return df, methods
 
 
@@ -132,6 +154,7 @@ def run_vllm_benchmark(target: TargetSpec, draft_dir, prompts: list[dict], cfg: 
     """
     if cfg["temperature"] != 0.0:
         raise ValueError("benchmark.temperature: only greedy decoding (0) is measured")
+    check_cpu_test_worker(cfg)
     if not prompts:
         raise ValueError("no benchmark prompts")
     k = cfg["num_speculative_tokens"]
@@ -161,11 +184,13 @@ def run_vllm_benchmark(target: TargetSpec, draft_dir, prompts: list[dict], cfg: 
         if method == BASELINE:
             write_json(kept, {"fingerprint": fingerprint, "rows": method_rows, "totals": totals[BASELINE]})
     df, methods = summarise_runs(rows, totals, k, concurrency)
+    write_json(logs / OUTPUTS_FILE, {method: run.get("outputs") for method, run in totals.items()})
     with atomic_path(out_per_prompt, suffix=".csv") as tmp:
         df.to_csv(tmp, index=False)
     summary = {"variant": variant, "backend": "vllm", "device": device_summary(cfg), "num_speculative_tokens": k,
                "max_new_tokens": cfg["max_new_tokens"], "num_prompts": len(prompts), "concurrency": concurrency,
-               "acceptance_length": ACCEPTANCE_LENGTH, "speculative_config": speculative_config(draft_dir, k),
+               "acceptance_length": ACCEPTANCE_LENGTH, "speculative_config": speculative_config(draft_dir, k, cfg["cpu_test_worker"]),
+               "cpu_test_worker": CPU_TEST_WORKER if cfg["cpu_test_worker"] else None,
                "methods": methods, "versions": package_versions()}
     write_json(out_summary, summary)
     log.info("vllm benchmark: %s", {m: round(e["speedup"], 3) for m, e in methods.items()})

@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from draftsmith.benchmark.prometheus import spec_decode_counters
+from draftsmith.devices import visible_gpu_count
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.vllm_stack.probes import CPU_TEST_WORKER
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +31,28 @@ class ServerError(RuntimeError):
 # ----------------------------------------------------------------------------- command and config
 
 
-def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:
-    return {"model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens), "method": "eagle3"}
+def speculative_config(draft_dir: str | Path, num_speculative_tokens: int, cpu_test_worker: bool = False) -> dict:
+    spec = {"model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens), "method": "eagle3"}
+    if cpu_test_worker:  # vLLM's padded drafter batch runs Triton kernels; its unpadded path is plain torch
+        spec["disable_padded_drafter_batch"] = True
+    return spec
+
+
+def check_cpu_test_worker(cfg: dict, gpus: int | None = None) -> None:
+    """benchmark.cpu_test_worker is a test harness for vLLM's CPU platform: an error where a GPU is visible."""
+    gpus = visible_gpu_count() if gpus is None else gpus
+    if cfg["cpu_test_worker"] and gpus > 0:
+        raise ValueError(f"benchmark.cpu_test_worker: true, but {gpus} GPU(s) are visible: the test-only CPU worker "
+                         f"({CPU_TEST_WORKER}) refuses to run on a GPU platform, where vLLM's own worker serves EAGLE-3 "
+                         "drafts; set benchmark.cpu_test_worker: false")
 
 
 def serve_command(target: TargetSpec, cfg: dict, port: int, draft_dir: str | Path | None = None) -> list[str]:
-    """The `vllm serve` command line for the target, with the draft as EAGLE-3 speculator when given."""
+    """The `vllm serve` command line for the target, with the draft as EAGLE-3 speculator when given.
+
+    With benchmark.cpu_test_worker (tests on vLLM's CPU platform only), the draft's server runs draftsmith's test-only
+    worker (--worker-cls), and both servers run eagerly (--enforce-eager: no torch.compile, which takes minutes on a
+    small CPU and is not what the test is about)."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", target.model,
            "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", "target",
@@ -52,8 +70,14 @@ def serve_command(target: TargetSpec, cfg: dict, port: int, draft_dir: str | Pat
         cmd += ["--revision", target.revision]
     if target.trust_remote_code:
         cmd += ["--trust-remote-code"]
+    test_worker = cfg["cpu_test_worker"]
+    if test_worker:
+        cmd += ["--enforce-eager"]
     if draft_dir is not None:
-        cmd += ["--speculative-config", json.dumps(speculative_config(draft_dir, cfg["num_speculative_tokens"]))]
+        spec = speculative_config(draft_dir, cfg["num_speculative_tokens"], test_worker)
+        cmd += ["--speculative-config", json.dumps(spec)]
+        if test_worker:
+            cmd += ["--worker-cls", CPU_TEST_WORKER]
     return cmd
 
 
@@ -162,14 +186,18 @@ class VllmServer:
         return spec_decode_counters(response.text, k)
 
     def chat(self, messages: list[dict], max_tokens: int, seed: int) -> dict:
-        """One greedy chat completion: prompt and completion tokens, and the seconds it took."""
+        """One greedy chat completion: prompt and completion token counts, the seconds it took, and the generated
+        token ids (`output_token_ids`; None from a server that does not return them)."""
         import requests
 
-        body = {"model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "seed": seed}
+        body = {"model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "seed": seed,
+                "return_token_ids": True}  # vLLM's extension: the choice's token ids, to compare outputs exactly
         start = time.perf_counter()
         response = requests.post(f"{self.url}/v1/chat/completions", json=body, timeout=3600)
         seconds = time.perf_counter() - start
         if response.status_code != 200:
             raise ServerError(f"chat completion failed ({response.status_code}): {response.text[:500]}")
-        usage = response.json()["usage"]
-        return {"prompt_tokens": usage["prompt_tokens"], "new_tokens": usage["completion_tokens"], "seconds": seconds}
+        reply = response.json()
+        usage = reply["usage"]
+        return {"prompt_tokens": usage["prompt_tokens"], "new_tokens": usage["completion_tokens"], "seconds": seconds,
+                "output_token_ids": reply["choices"][0].get("token_ids")}
