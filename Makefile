@@ -79,6 +79,27 @@ demo: install
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)
 	@echo "Report: results/report/report.html (summary: results/report/report.md)"
 
+# The whole DAG with both vLLM backends on a CPU (config/demo-vllm.yaml): extraction and `vllm serve` on the engine venv's
+# CPU build, the draft served through the test-only CPU worker (benchmark.cpu_test_worker), the offline benchmark beside
+# it, and the report showing both. Each stage runs in the venv that has its stack: the vLLM stages (and those before
+# them) in $(ENGINE_VENV); training and the report in $(VENV) (torch 2.13 and the plotting stack; the engine's torch
+# 2.10 lacks matplotlib, and speculators' compiled FlexAttention fails in its inductor on a CPU). `--until` stops
+# each run after the named rules; the next run finds their outputs up to date.
+DEMO_VLLM_CONFIG ?= config/demo-vllm.yaml
+DEMO_VLLM_SMK = --configfile $(DEMO_VLLM_CONFIG) --cores $(CORES) --resources gpu=$(GPUS)
+# the CPU engine's defaults suit a dedicated server: half the RAM for the KV cache, threads pinned to cores
+demo-vllm: export VLLM_CPU_KVCACHE_SPACE ?= 1
+demo-vllm: export VLLM_CPU_OMP_THREADS_BIND ?= nobind
+
+.PHONY: demo-vllm
+demo-vllm: install $(ENGINE_STAMP)
+	$(ENGINE_BIN)/snakemake $(DEMO_VLLM_SMK) --until extract_hidden_states
+	$(BIN)/snakemake $(DEMO_VLLM_SMK) --until train_draft
+	$(ENGINE_BIN)/snakemake $(DEMO_VLLM_SMK) --until benchmark benchmark_offline_reference
+	$(BIN)/snakemake $(DEMO_VLLM_SMK)
+	@echo "Report: $$($(BIN)/python -c 'import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))["results"])' \
+		$(DEMO_VLLM_CONFIG))/report/report.html"
+
 # pytest exits 5 when it collected no tests: that is a failure too. Then the real engine (test-engine).
 test: install $(CONTRACT_STAMP) $(ENGINE_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \

@@ -48,3 +48,35 @@ rule benchmark:
         methods=lambda wc: variant_methods(wc.variant),
     script:
         "../scripts/benchmark.py"
+
+
+# benchmark.offline_reference with backend vllm: the offline benchmark of the same draft on the same prompts, beside
+# the vllm results, for the report's side-by-side comparison (draftsmith.report.backends).
+rule benchmark_offline_reference:
+    input:
+        draft_config=R / "draft" / "{variant}" / "config.json",
+        draft_weights=R / "draft" / "{variant}" / "model.safetensors",
+        prompts=R / "benchmark" / "prompts.jsonl",
+        target=target_input(),
+        d2t=R / "vocab" / "d2t.npy",
+        t2d=R / "vocab" / "t2d.npy",
+    output:
+        per_prompt=R / "benchmark" / "{variant}" / "offline" / "per_prompt.csv",
+        summary=R / "benchmark" / "{variant}" / "offline" / "summary.json",
+    log:
+        "logs/benchmark/{variant}.offline_reference.log",
+    benchmark:
+        "benchmarks/benchmark/{variant}.offline_reference.tsv"
+    conda:
+        "../envs/core.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=single_device_gpus(config["benchmark"]["device"]),
+        mem_mb=16000,
+    params:
+        target=TARGET_SPEC,
+        benchmark=canonical({**config["benchmark"], "backend": "offline"}),
+        draft_dir=lambda wc: str(R / "draft" / wc.variant),
+        methods=lambda wc: variant_methods(wc.variant),
+    script:
+        "../scripts/benchmark.py"

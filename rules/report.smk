@@ -14,6 +14,16 @@ rule report:
         prompts=R / "benchmark" / "prompts.jsonl",
         stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
         manifests=all_shard_manifests,
+        # benchmark.offline_reference: the offline run beside the vllm one (rule benchmark_offline_reference)
+        reference=(
+            expand(
+                R / "benchmark" / "{variant}" / "offline" / "summary.json",
+                variant=VARIANTS,
+            )
+            if config["benchmark"]["backend"] == "vllm"
+            and config["benchmark"]["offline_reference"]
+            else []
+        ),
     output:
         html=R / "report" / "report.html",
         md=R / "report" / "report.md",

@@ -14,7 +14,7 @@ def main(smk):
 
         run_offline_benchmark(*args)
     elif backend == "vllm":
-        from draftsmith.benchmark.vllm_server import run_vllm_benchmark
+        from draftsmith.benchmark.vllm_benchmark import run_vllm_benchmark
 
         run_vllm_benchmark(*args)
     else:

@@ -15,6 +15,7 @@ def main(smk):
         out_html=smk.output.html,
         out_md=smk.output.md,
         figures_dir=smk.output.figures,
+        reference=smk.input.reference,
     )
 
 

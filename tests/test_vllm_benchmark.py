@@ -14,18 +14,16 @@ import time
 import pandas as pd
 import pytest
 
+from draftsmith.benchmark.prometheus import counter_delta, parse_prometheus, spec_decode_counters
 from draftsmith.benchmark.results import COLUMNS, accept_columns
+from draftsmith.benchmark.vllm_benchmark import BASELINE_FILE, OUTPUTS_FILE, run_vllm_benchmark
 from draftsmith.benchmark.vllm_server import (
-    BASELINE_FILE,
     ServerError,
     VllmServer,
-    counter_delta,
+    check_cpu_test_worker,
     free_port,
-    parse_prometheus,
     root_cause,
-    run_vllm_benchmark,
     serve_command,
-    spec_decode_counters,
     speculative_config,
 )
 from draftsmith.config.workflow import section_defaults
@@ -90,6 +88,26 @@ def test_serve_command_and_speculative_config():
     assert "--speculative-config" not in baseline and "--trust-remote-code" not in baseline
 
 
+def test_the_cpu_test_worker_serves_the_draft_eagerly_without_the_padded_drafter_batch():
+    cfg = {**CFG, "cpu_test_worker": True}
+    cmd = serve_command(TargetSpec("org/target"), cfg, 8123, "d")
+    assert cmd[cmd.index("--worker-cls") + 1] == "draftsmith.vllm_stack.cpu_spec_worker.CPUSpecDecodeWorker"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {**speculative_config("d", 3),
+                                                                      "disable_padded_drafter_batch": True}
+    assert "--enforce-eager" in cmd
+    baseline = serve_command(TargetSpec("org/target"), cfg, 8123)  # vLLM's own CPU worker serves the target alone
+    assert "--enforce-eager" in baseline and "--worker-cls" not in baseline
+    plain = serve_command(TargetSpec("org/target"), CFG, 8123, "d")
+    assert "--worker-cls" not in plain and "--enforce-eager" not in plain
+
+
+def test_the_cpu_test_worker_is_an_error_where_a_gpu_is_visible():
+    check_cpu_test_worker({**CFG, "cpu_test_worker": True}, gpus=0)
+    check_cpu_test_worker(CFG, gpus=8)
+    with pytest.raises(ValueError, match=r"cpu_test_worker: true, but 2 GPU\(s\) are visible.*set benchmark.cpu_test_worker: false"):
+        check_cpu_test_worker({**CFG, "cpu_test_worker": True}, gpus=2)
+
+
 def test_vllm_own_cli_parser_accepts_the_command(monkeypatch):
     pytest.importorskip("vllm", reason="vLLM is not installed; the command is checked by structure only")
     import vllm.platforms
@@ -106,6 +124,10 @@ def test_vllm_own_cli_parser_accepts_the_command(monkeypatch):
     assert args.model_tag == "org/target" and args.port == 8123 and args.served_model_name == ["target"]
     assert engine.speculative_config == speculative_config("d", 3)
     assert engine.tensor_parallel_size == 2 and engine.max_model_len == 4096 and engine.trust_remote_code
+    test_worker = serve_command(TargetSpec("org/target"), {**CFG, "cpu_test_worker": True}, 8123, "d")
+    engine = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(test_worker[4:]))
+    assert engine.worker_cls == "draftsmith.vllm_stack.cpu_spec_worker.CPUSpecDecodeWorker" and engine.enforce_eager
+    assert engine.speculative_config["disable_padded_drafter_batch"] is True
 
 
 def test_prometheus_parser_on_vllm_metrics():
@@ -195,7 +217,7 @@ STAND_IN = textwrap.dedent('''\
                 return self.reply(500, '{"error": "boom"}')
             assert body["temperature"] == 0.0 and body["model"] == "target"
             index = int(body["messages"][-1]["content"].split()[-1]) if body["messages"][-1]["content"][-1].isdigit() else 0
-            if mode == "spec":
+            if mode.startswith("spec"):
                 with lock:
                     drafts = 2 + index
                     counters["drafts"] += drafts
@@ -203,7 +225,11 @@ STAND_IN = textwrap.dedent('''\
                     counters["accepted"] += drafts  # one accepted token per draft, at position 0
                     counters["pos"][0] += drafts
             usage = {"prompt_tokens": 5 + index, "completion_tokens": body["max_tokens"]}
-            self.reply(200, json.dumps({"choices": [{"message": {"content": "x"}}], "usage": usage}))
+            tokens = [index + t for t in range(body["max_tokens"])]  # return_token_ids: the generated ids
+            if mode == "spec_differs" and index == 1:
+                tokens[-1] += 1  # this draft's server changes one prompt's output
+            choice = {"message": {"content": "x"}, "token_ids": tokens if body.get("return_token_ids") else None}
+            self.reply(200, json.dumps({"choices": [choice], "usage": usage}))
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
     ''')
@@ -215,10 +241,10 @@ def stand_in(tmp_path):
     script.write_text(STAND_IN)
     pidfiles = []
 
-    def make_command(mode=None):
+    def make_command(mode=None, draft_mode="spec"):
         def command(target, cfg, port, draft_dir=None):
             pidfiles.append(tmp_path / f"child_{len(pidfiles)}.pid")
-            return [sys.executable, str(script), str(port), mode or ("spec" if draft_dir else "base"), str(pidfiles[-1])]
+            return [sys.executable, str(script), str(port), mode or (draft_mode if draft_dir else "base"), str(pidfiles[-1])]
         return command
 
     make_command.pidfiles = pidfiles
@@ -272,6 +298,18 @@ def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
     assert methods["target_greedy"]["speedup"] == 1.0 and methods["eagle3_draft"]["new_tokens"] == 48
     assert (out / "vllm_serve_eagle3_draft.log").exists()
     assert all(wait_dead(int(p.read_text())) for p in stand_in.pidfiles)  # both servers' process groups are gone
+
+
+def test_the_drafts_output_is_compared_with_the_target_only_output(stand_in, tmp_path):
+    same = run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, CFG, tmp_path / "a" / "pp.csv", tmp_path / "a" / "s.json",
+                              "default", make_command=stand_in())
+    assert same["methods"]["eagle3_draft"]["lossless"] is True and same["methods"]["eagle3_draft"]["mismatched_prompts"] == []
+    outputs = json.loads((tmp_path / "a" / OUTPUTS_FILE).read_text())
+    assert outputs["eagle3_draft"] == outputs["target_greedy"] and outputs["target_greedy"]["p2"] == list(range(2, 18))
+    differs = run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, CFG, tmp_path / "b" / "pp.csv",
+                                 tmp_path / "b" / "s.json", "default", make_command=stand_in(draft_mode="spec_differs"))
+    assert differs["methods"]["eagle3_draft"]["lossless"] is False
+    assert differs["methods"]["eagle3_draft"]["mismatched_prompts"] == ["p1"]
 
 
 def test_concurrent_requests_report_aggregate_acceptance(stand_in, tmp_path):

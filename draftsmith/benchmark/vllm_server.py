@@ -1,19 +1,12 @@
-"""The `vllm` benchmark backend: the trained draft served by `vllm serve` as an EAGLE-3 speculative model.
-
-Two server runs on the same prompts: the target alone (`target_greedy`), then the target with the
-draft (`eagle3_draft`, `--speculative-config` with method eagle3 and k from config). Throughput
-comes from the responses (completion tokens over request time); acceptance from vLLM's
-Prometheus spec-decode counters. At concurrency 1 the counters are read before and after each
-request, so every prompt gets its own acceptance; at higher concurrency only the totals are
-known and go into the summary. The server is always stopped (its whole process group), also
-when something fails. Results are the tables of draftsmith.benchmark.results, as for the offline backend.
+"""`vllm serve` as a process: its command line (target alone, or with the draft as EAGLE-3 speculator), the server
+in its own process group (started, waited for, always stopped: SIGTERM then SIGKILL to the group), its HTTP calls
+(/health, /metrics, /v1/chat/completions), and the root cause quoted from its log when it fails.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -21,27 +14,14 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
-from draftsmith.benchmark.results import BASELINE, accept_columns, finish_rows, summarise
-from draftsmith.devices import gpu_name
-from draftsmith.io import atomic_path, read_json, sha256_bytes, write_json
-from draftsmith.provenance import device_description, package_versions
+from draftsmith.benchmark.prometheus import spec_decode_counters
+from draftsmith.devices import visible_gpu_count
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.vllm_stack.probes import CPU_TEST_WORKER
 
 log = logging.getLogger(__name__)
-
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-METHOD = "eagle3_draft"
-BASELINE_FILE = "target_only_run.json"
-# the one definition used in every summary (the offline backend's too); vLLM's own "mean acceptance
-# length", 1 + accepted / drafts, leaves out the prefill's token and is not reported
-ACCEPTANCE_LENGTH = "generated tokens per target forward pass (the prefill and each verification), bonus token included"
 
 
 class ServerError(RuntimeError):
@@ -51,12 +31,28 @@ class ServerError(RuntimeError):
 # ----------------------------------------------------------------------------- command and config
 
 
-def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:
-    return {"model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens), "method": "eagle3"}
+def speculative_config(draft_dir: str | Path, num_speculative_tokens: int, cpu_test_worker: bool = False) -> dict:
+    spec = {"model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens), "method": "eagle3"}
+    if cpu_test_worker:  # vLLM's padded drafter batch runs Triton kernels; its unpadded path is plain torch
+        spec["disable_padded_drafter_batch"] = True
+    return spec
+
+
+def check_cpu_test_worker(cfg: dict, gpus: int | None = None) -> None:
+    """benchmark.cpu_test_worker is a test harness for vLLM's CPU platform: an error where a GPU is visible."""
+    gpus = visible_gpu_count() if gpus is None else gpus
+    if cfg["cpu_test_worker"] and gpus > 0:
+        raise ValueError(f"benchmark.cpu_test_worker: true, but {gpus} GPU(s) are visible: the test-only CPU worker "
+                         f"({CPU_TEST_WORKER}) refuses to run on a GPU platform, where vLLM's own worker serves EAGLE-3 "
+                         "drafts; set benchmark.cpu_test_worker: false")
 
 
 def serve_command(target: TargetSpec, cfg: dict, port: int, draft_dir: str | Path | None = None) -> list[str]:
-    """The `vllm serve` command line for the target, with the draft as EAGLE-3 speculator when given."""
+    """The `vllm serve` command line for the target, with the draft as EAGLE-3 speculator when given.
+
+    With benchmark.cpu_test_worker (tests on vLLM's CPU platform only), the draft's server runs draftsmith's test-only
+    worker (--worker-cls), and both servers run eagerly (--enforce-eager: no torch.compile, which takes minutes on a
+    small CPU and is not what the test is about)."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", target.model,
            "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", "target",
@@ -74,66 +70,15 @@ def serve_command(target: TargetSpec, cfg: dict, port: int, draft_dir: str | Pat
         cmd += ["--revision", target.revision]
     if target.trust_remote_code:
         cmd += ["--trust-remote-code"]
+    test_worker = cfg["cpu_test_worker"]
+    if test_worker:
+        cmd += ["--enforce-eager"]
     if draft_dir is not None:
-        cmd += ["--speculative-config", json.dumps(speculative_config(draft_dir, cfg["num_speculative_tokens"]))]
+        spec = speculative_config(draft_dir, cfg["num_speculative_tokens"], test_worker)
+        cmd += ["--speculative-config", json.dumps(spec)]
+        if test_worker:
+            cmd += ["--worker-cls", CPU_TEST_WORKER]
     return cmd
-
-
-# ----------------------------------------------------------------------------- Prometheus text
-
-
-def parse_prometheus(text: str) -> dict[tuple[str, tuple], float]:
-    """Samples of Prometheus text exposition: {(name, sorted label pairs): value}."""
-    samples = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:
-            name, rest = line.split("{", 1)
-            labels_text, value_text = rest.rsplit("}", 1)
-            labels = tuple(sorted(_parse_labels(labels_text)))
-        else:
-            name, value_text = line.split(None, 1)
-            labels = ()
-        samples[(name.strip(), labels)] = float(value_text.split()[0])
-    return samples
-
-
-def _parse_labels(text: str):
-    i = 0
-    while i < len(text):
-        eq = text.index("=", i)
-        key = text[i:eq].strip().lstrip(",").strip()
-        j, value = eq + 2, []  # skip ="
-        while text[j] != '"':
-            if text[j] == "\\":
-                j += 1
-                value.append({"n": "\n"}.get(text[j], text[j]))
-            else:
-                value.append(text[j])
-            j += 1
-        yield key, "".join(value)
-        i = j + 1
-        while i < len(text) and text[i] in ", ":
-            i += 1
-
-
-def spec_decode_counters(text: str, k: int) -> dict:
-    """vLLM's spec-decode counters, summed over engines: drafts, draft_tokens, accepted, accepted_per_pos[k]."""
-    samples = parse_prometheus(text)
-
-    def total(name, **match):
-        return sum(v for (n, labels), v in samples.items()
-                   if n == f"{name}_total" and all(dict(labels).get(key) == val for key, val in match.items()))
-
-    return {"drafts": total(DRAFTS), "draft_tokens": total(DRAFT_TOKENS), "accepted": total(ACCEPTED),
-            "accepted_per_pos": [total(ACCEPTED_PER_POS, position=str(i)) for i in range(k)]}
-
-
-def counter_delta(after: dict, before: dict) -> dict:
-    return {key: [a - b for a, b in zip(after[key], before[key])] if isinstance(after[key], list) else after[key] - before[key]
-            for key in after}
 
 
 # ----------------------------------------------------------------------------- the server
@@ -241,149 +186,18 @@ class VllmServer:
         return spec_decode_counters(response.text, k)
 
     def chat(self, messages: list[dict], max_tokens: int, seed: int) -> dict:
-        """One greedy chat completion: prompt and completion tokens, and the seconds it took."""
+        """One greedy chat completion: prompt and completion token counts, the seconds it took, and the generated
+        token ids (`output_token_ids`; None from a server that does not return them)."""
         import requests
 
-        body = {"model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "seed": seed}
+        body = {"model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "seed": seed,
+                "return_token_ids": True}  # vLLM's extension: the choice's token ids, to compare outputs exactly
         start = time.perf_counter()
         response = requests.post(f"{self.url}/v1/chat/completions", json=body, timeout=3600)
         seconds = time.perf_counter() - start
         if response.status_code != 200:
             raise ServerError(f"chat completion failed ({response.status_code}): {response.text[:500]}")
-        usage = response.json()["usage"]
-        return {"prompt_tokens": usage["prompt_tokens"], "new_tokens": usage["completion_tokens"], "seconds": seconds}
-
-
-# ----------------------------------------------------------------------------- the runs
-
-
-def run_method(server: VllmServer, prompts: list[dict], cfg: dict, method: str, variant: str) -> tuple[list[dict], dict]:
-    """All prompts on one server; returns the rows and the run's totals (wall seconds, counter deltas)."""
-    from tqdm import tqdm
-
-    k, max_tokens, seed = cfg["num_speculative_tokens"], cfg["max_new_tokens"], cfg["seed"]
-    concurrency = max(1, cfg["concurrency"])
-    server.chat(prompts[0]["messages"], min(8, max_tokens), seed)  # warm-up
-    speculative = method == METHOD
-    before_all = server.metrics(k) if speculative else None
-    rows = []
-    start = time.perf_counter()
-
-    def row(prompt, result, delta):
-        base = {"variant": variant, "backend": "vllm", "method": method, "prompt_id": prompt["prompt_id"], **result}
-        if not speculative:
-            return {**base, "target_forwards": result["new_tokens"], "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-        if delta is None:  # concurrent requests: per-request counters are not separable
-            return {**base, "target_forwards": math.nan, "drafts": math.nan, "draft_tokens": math.nan,
-                    "accepted_tokens": math.nan, **{c: math.nan for c in accept_columns(k)}}
-        return {**base, "target_forwards": 1 + delta["drafts"],  # the prefill, then one verification per draft
-                "drafts": delta["drafts"], "draft_tokens": delta["draft_tokens"], "accepted_tokens": delta["accepted"],
-                **dict(zip(accept_columns(k), delta["accepted_per_pos"]))}
-
-    with tqdm(total=len(prompts), desc=f"vllm {method}", unit="prompt") as bar:
-        if concurrency == 1:
-            for prompt in prompts:
-                before = server.metrics(k) if speculative else None
-                result = server.chat(prompt["messages"], max_tokens, seed)
-                delta = counter_delta(server.metrics(k), before) if speculative else None
-                rows.append(row(prompt, result, delta))
-                bar.update()
-        else:
-            with ThreadPoolExecutor(concurrency) as pool:
-                futures = [pool.submit(server.chat, p["messages"], max_tokens, seed) for p in prompts]
-                for prompt, future in zip(prompts, futures):
-                    rows.append(row(prompt, future.result(), None))
-                    bar.update()
-    totals = {"wall_seconds": time.perf_counter() - start}
-    if speculative:
-        totals["counters"] = counter_delta(server.metrics(k), before_all)
-    return rows, totals
-
-
-def device_summary(cfg: dict) -> str:
-    name = gpu_name()
-    if name is None:  # vLLM's CPU platform
-        return f"{device_description(SimpleNamespace(type='cpu'))} (vllm serve)"
-    return f"cuda: {name} x{cfg['tensor_parallel_size']} (vllm serve)"
-
-
-def summarise_runs(rows: list[dict], totals: dict, k: int, concurrency: int) -> tuple:
-    """The per-prompt table and per-method summary; with concurrency > 1, throughput and acceptance from totals."""
-    import numpy as np
-
-    df = finish_rows(rows, k)
-    with np.errstate(divide="ignore", invalid="ignore"):  # concurrent runs: per-row acceptance is unknown (NaN)
-        methods = summarise(df, k)
-    for method, run in totals.items():
-        entry = methods[method]
-        entry["wall_seconds"] = run["wall_seconds"]
-        counters = run.get("counters")
-        if counters is not None:
-            entry["counters"] = counters
-        if concurrency > 1:
-            entry["seconds"] = run["wall_seconds"]
-            entry["tokens_per_s"] = entry["new_tokens"] / run["wall_seconds"]
-            if counters is not None:
-                entry["acceptance_length"] = entry["new_tokens"] / (entry["prompts"] + counters["drafts"])
-                entry["per_position_acceptance"] = [a / counters["drafts"] if counters["drafts"] else None
-                                                    for a in counters["accepted_per_pos"]]
-    if concurrency > 1 and BASELINE in methods:
-        for entry in methods.values():
-            entry["speedup"] = entry["tokens_per_s"] / methods[BASELINE]["tokens_per_s"]
-    return df, methods
-
-
-def baseline_fingerprint(target: TargetSpec, prompts: list[dict], cfg: dict) -> str:
-    """Everything the target-only run depends on (the port is chosen per run and left out)."""
-    inputs = {"target": target.to_dict(), "prompts": prompts, "benchmark": {k: v for k, v in cfg.items() if k != "port"}}
-    return sha256_bytes(json.dumps(inputs, sort_keys=True, default=str).encode())
-
-
-def run_vllm_benchmark(target: TargetSpec, draft_dir, prompts: list[dict], cfg: dict, out_per_prompt: Path,
-                       out_summary: Path, variant: str, make_command=serve_command) -> dict:
-    """Benchmark target-only and EAGLE-3 serving with vLLM; write per_prompt.csv and summary.json.
-
-    The server logs go beside the summary (vllm_serve_<method>.log). The target-only run is kept beside
-    them (BASELINE_FILE, keyed by a fingerprint of target, prompts and settings) before the draft's
-    server starts, so a draft server that fails costs only its own run: the rerun reuses the baseline.
-    """
-    if cfg["temperature"] != 0.0:
-        raise ValueError("benchmark.temperature: only greedy decoding (0) is measured")
-    if not prompts:
-        raise ValueError("no benchmark prompts")
-    k = cfg["num_speculative_tokens"]
-    concurrency = max(1, cfg["concurrency"])
-    logs = Path(out_summary).parent
-    kept = logs / BASELINE_FILE
-    fingerprint = baseline_fingerprint(target, prompts, cfg)
-    previous = read_json(kept) if kept.exists() else None
-    rows, totals = [], {}
-    if previous is not None and previous.get("fingerprint") == fingerprint:
-        log.info("reusing the target-only run kept in %s (same target, prompts and settings)", kept)
-        rows, totals[BASELINE] = previous["rows"], previous["totals"]
-    elif previous is not None:
-        log.info("%s was measured with other inputs: measuring the target-only run again", kept)
-    runs = [(METHOD, draft_dir)] if totals else [(BASELINE, None), (METHOD, draft_dir)]
-    for method, draft in runs:
-        port = cfg["port"] or free_port()
-        cmd = make_command(target, cfg, port, draft)
-        try:
-            with VllmServer(cmd, port, logs / f"vllm_serve_{method}.log", cfg["server_timeout_s"]) as server:
-                method_rows, totals[method] = run_method(server, prompts, cfg, method, variant)
-        except ServerError as e:
-            if method == METHOD and BASELINE in totals:
-                raise ServerError(f"{e}\n(the target-only run is kept in {kept} and is reused when this is re-run)") from e
-            raise
-        rows += method_rows
-        if method == BASELINE:
-            write_json(kept, {"fingerprint": fingerprint, "rows": method_rows, "totals": totals[BASELINE]})
-    df, methods = summarise_runs(rows, totals, k, concurrency)
-    with atomic_path(out_per_prompt, suffix=".csv") as tmp:
-        df.to_csv(tmp, index=False)
-    summary = {"variant": variant, "backend": "vllm", "device": device_summary(cfg), "num_speculative_tokens": k,
-               "max_new_tokens": cfg["max_new_tokens"], "num_prompts": len(prompts), "concurrency": concurrency,
-               "acceptance_length": ACCEPTANCE_LENGTH, "speculative_config": speculative_config(draft_dir, k),
-               "methods": methods, "versions": package_versions()}
-    write_json(out_summary, summary)
-    log.info("vllm benchmark: %s", {m: round(e["speedup"], 3) for m, e in methods.items()})
-    return summary
+        reply = response.json()
+        usage = reply["usage"]
+        return {"prompt_tokens": usage["prompt_tokens"], "new_tokens": usage["completion_tokens"], "seconds": seconds,
+                "output_token_ids": reply["choices"][0].get("token_ids")}

