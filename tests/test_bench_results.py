@@ -14,8 +14,8 @@ K = 3
 
 
 def row(method: str, prompt_id: str, trace: Trace) -> dict:
-    return {"variant": "v", "backend": "offline", "method": method, "prompt_id": prompt_id, "prompt_tokens": 7,
-            **trace.counts(K)}
+    return {"variant": "v", "backend": "offline", "method": method, "prompt_id": prompt_id, "category": "all",
+            "prompt_tokens": 7, **trace.counts(K)}
 
 
 def traces() -> list[dict]:

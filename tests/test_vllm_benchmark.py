@@ -271,7 +271,7 @@ def wait_dead(pid: int, seconds: float = 10) -> bool:
     return False
 
 
-PROMPTS = [{"prompt_id": f"p{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
+PROMPTS = [{"prompt_id": f"p{i}", "category": "all", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
 
 
 def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
