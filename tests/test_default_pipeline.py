@@ -65,7 +65,7 @@ def test_no_benchmark_prompt_is_in_the_training_data(default_run):
 
 def test_mt_bench_results_by_category_and_lossless(default_run):
     summary = read_json(default_run / "benchmark" / "default" / "summary.json")
-    assert list(summary["methods"]) == ["target_greedy", "eagle3_draft"]
+    assert set(summary["methods"]) == {"target_greedy", "eagle3_draft"}
     draft = summary["methods"]["eagle3_draft"]
     assert draft["lossless"] is True and draft["prompts"] == 8
     assert sorted(draft["per_category"]) == sorted(mtbench.CATEGORIES)

@@ -20,8 +20,8 @@ def inputs(tmp_path_factory):
     paths = make_inputs(root)
     wide = root / "results" / "benchmark" / "wide"
     rows = pd.read_csv(wide / "per_prompt.csv").assign(backend="offline")
-    rows = rows[["variant", "backend", "method", "prompt_id", "prompt_tokens", "new_tokens", "target_forwards", "drafts",
-                 "draft_tokens", "accepted_tokens", "seconds"] + [f"accept_pos_{i}" for i in range(1, K + 1)]]
+    rows = rows[["variant", "backend", "method", "prompt_id", "category", "prompt_tokens", "new_tokens", "target_forwards",
+                 "drafts", "draft_tokens", "accepted_tokens", "seconds"] + [f"accept_pos_{i}" for i in range(1, K + 1)]]
     records = rows.to_dict("records")
     changed = next(r for r in records if r["method"] == "eagle3_draft" and r["prompt_id"] == 3 and r["accepted_tokens"])
     changed["accepted_tokens"] -= 1
