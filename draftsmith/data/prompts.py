@@ -3,7 +3,7 @@
 Accepted sources:
 - a JSONL path: our held-out file (`{"id", "task", "messages"}`), any OpenAI/ShareGPT-style
   records, or MT-bench-style questions (`{"question_id", "turns": [str, ...]}`, first turn used);
-- a dataset spec dict as accepted by `draftsmith.data.chat_data.iter_records` (local or hub).
+- a dataset spec dict as accepted by `draftsmith.data.readers.iter_records` (local or hub).
 
 A prompt is `{"prompt_id", "category", "messages"}`: the category is the record's `category`
 (MT-Bench) or `task` (the synthetic corpus), else "all"; results are summarised per category.
@@ -115,8 +115,11 @@ def read_benchmark_prompts(path: str | Path) -> list[dict]:
     prompts = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
-            row = json.loads(line)
-            if not {"prompt_id", "category", "messages"} <= set(row):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not {"prompt_id", "category", "messages"} <= set(row):
                 raise ValueError(f"{path}, line {lineno}: needs fields prompt_id, category and messages; rebuild it "
                                  "with `snakemake --forcerun benchmark_prompts`")
             prompts.append(row)

@@ -30,6 +30,7 @@ from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
 log = logging.getLogger(__name__)
 
+
 def load_prompt_records(prompts) -> list[dict]:
     """`[{"id", "messages"}]` from a JSONL path or dataset spec (any format draftsmith.data.prompts reads)
     or a list of records.
@@ -106,10 +107,10 @@ def _generate_chunk(model, tokenizer, records: list[dict], params: dict, eos: li
             ids[r, width - len(encoded[i]):] = torch.tensor(encoded[i])
             mask[r, width - len(encoded[i]):] = 1
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=params["max_new_tokens"],
-                                 eos_token_id=eos, pad_token_id=pad, **sampling)
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 max_new_tokens=params["max_new_tokens"], eos_token_id=eos, pad_token_id=pad, **sampling)
         for r, i in enumerate(rows):
-            new = out[r, width:].tolist()  # (generate's output is on the model's device)
+            new = out[r, width:].tolist()
             cut = next((k for k, t in enumerate(new) if t in eos), None)
             tokens = new if cut is None else new[:cut]
             answers[i] = {
