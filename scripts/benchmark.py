@@ -1,10 +1,12 @@
 from draftsmith.data.prompts import read_benchmark_prompts
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.draft_model import resolve_num_speculative_tokens
 
 
 def main(smk):
     cfg = {**smk.params.benchmark, "methods": list(smk.params.methods)}
+    cfg["num_speculative_tokens"] = resolve_num_speculative_tokens(cfg["num_speculative_tokens"], smk.params.draft_dir)
     prompts = read_benchmark_prompts(smk.input.prompts)
     args = (TargetSpec.from_dict(smk.params.target), smk.params.draft_dir, prompts, cfg, smk.output.per_prompt,
             smk.output.summary, smk.wildcards.variant)

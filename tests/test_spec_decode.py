@@ -198,6 +198,13 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     assert summary["methods"]["target_greedy"]["acceptance_length"] == 1.0
     methods = summary["methods"]
     assert methods["eagle3_draft"]["acceptance_length"] > methods["untrained_draft"]["acceptance_length"]
+    for method in ("untrained_draft", "eagle3_draft"):  # the cost ratio c and the bound tau / (1 + k c)
+        costs = methods[method]["step_costs"]
+        assert costs["draft_step_ms"] > 0 and costs["target_step_ms"] > 0 and costs["verify_step_ms"] > 0
+        assert costs["cost_ratio"] == pytest.approx(costs["draft_step_ms"] / costs["target_step_ms"])
+        assert methods[method]["ideal_speedup"] == pytest.approx(
+            methods[method]["acceptance_length"] / (1 + 2 * costs["cost_ratio"]))
+    assert "step_costs" not in methods["prompt_lookup"] and "step_costs" not in methods["target_greedy"]
     import pandas as pd
 
     rows = pd.read_csv(out / "per_prompt.csv")
@@ -217,3 +224,19 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     with pytest.raises(ValueError, match="batch_size"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_size": 4},
                               out / "x.csv", out / "x.json", "default")
+
+
+def test_num_speculative_tokens_auto_is_what_the_draft_was_trained_for(tiny):
+    from draftsmith.training.draft_model import resolve_num_speculative_tokens
+
+    draft_dir = tiny["root"] / "draft_steps"
+    trained = tiny["trained"]
+    build_draft(TargetSpec(str(tiny["target_dir"])), trained.d2t.cpu(), trained.t2d.cpu(), 1, AUX,
+                num_speculative_tokens=4).save_pretrained(draft_dir)  # as if trained with ttt_steps = 4
+    assert resolve_num_speculative_tokens("auto", draft_dir) == 4
+    assert resolve_num_speculative_tokens(5, draft_dir) == 5
+    config = json.loads((draft_dir / "config.json").read_text())
+    del config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    (draft_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json: speculators_config.proposal_methods\[0\].speculative_tokens"):
+        resolve_num_speculative_tokens("auto", draft_dir)

@@ -71,7 +71,7 @@ def _done(tokens: list[int], new: list[int], max_new_tokens: int, stop_ids: set[
     return len(tokens) >= max_new_tokens or any(t in stop_ids for t in new)
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -132,7 +132,7 @@ class TargetModel:
 def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> Trace:
     """Target-only greedy decoding, one target forward per token."""
     device = target.device
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     cache = DynamicCache()
     logits, _ = target.forward(torch.tensor([prompt_ids], device=device), cache, keep=1)
@@ -143,7 +143,7 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
         if _done(tokens, tokens[-1:], max_new_tokens, stop_ids):
             break
         logits, _ = target.forward(next_token.view(1, 1), cache, keep=1)
-    _sync(device)
+    synchronize(device)
     return Trace(tokens=tokens, target_forwards=len(tokens), seconds=time.perf_counter() - start)
 
 
@@ -154,7 +154,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     if k < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
     device = target.device
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     cache = DynamicCache()
     prompt = torch.tensor(prompt_ids, device=device)
@@ -186,7 +186,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
         last = verified[accepted : accepted + 1]
         proposer.accept(verified[: accepted + 1], aux[:, : accepted + 1] if aux is not None else None)
         done = _done(tokens, new, max_new_tokens, stop_ids)
-    _sync(device)
+    synchronize(device)
     trace.seconds = time.perf_counter() - start
     trace.tokens = cut_output(tokens, max_new_tokens, stop_ids)
     return trace

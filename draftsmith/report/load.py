@@ -72,6 +72,8 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                 "tokens_per_s": m["tokens_per_s"],
                 "speedup": m["speedup"],
                 "lossless": m.get("lossless"),
+                "cost_ratio": (m.get("step_costs") or {}).get("cost_ratio"),
+                "ideal_speedup": m.get("ideal_speedup"),
             })
     if not rows:
         raise ReportInputError("no benchmark summaries were given")

@@ -40,6 +40,8 @@ def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
         "per-position acceptance": df["per_position_acceptance"],
         "tokens/s": df["tokens_per_s"],
         "speedup": df["speedup"],
+        "c = draft step / target step": df["cost_ratio"],
+        "ideal speedup τ/(1+k·c)": df["ideal_speedup"],
         "lossless": df["lossless"],
     }).reset_index(drop=True)
 
@@ -138,7 +140,7 @@ def fmt(value, digits: int = 3) -> str:
 
 
 # digits per table column; other float columns get 3
-DIGITS = {"tokens/s": 1, "speedup": 2, "final train loss": 4, "final val loss": 4}
+DIGITS = {"tokens/s": 1, "speedup": 2, "ideal speedup τ/(1+k·c)": 2, "final train loss": 4, "final val loss": 4}
 
 
 def display(df: pd.DataFrame) -> pd.DataFrame:
@@ -192,6 +194,10 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
             text += (f"; speculative decoding ran at {fmt(speedup, 2)}× the speed of target-only greedy decoding"
                      f"{slower} ({fmt(draft['tokens_per_s'], 1)} vs {fmt(m[BASELINE]['tokens_per_s'], 1)} tokens/s"
                      f" on {s['device']})")
+        ideal = draft.get("ideal_speedup")
+        if ideal is not None and pd.notna(ideal):
+            text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, so k = "
+                     f"{s.get('num_speculative_tokens')} draft steps per round bound the speedup at {fmt(ideal, 2)}×")
         if draft.get("lossless") is False:
             text += "; **its output differed from target-only greedy on some prompts**"
         elif draft.get("lossless") is True:

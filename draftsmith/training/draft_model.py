@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.io import read_json
 from draftsmith.target_model.spec import TargetSpec
 
 FLEX_ATTENTION = "simple_flex_attention"  # speculators' registered attention function
@@ -75,6 +76,22 @@ def from_pretrained_works(model_class) -> bool:
     `verifier_attachment_mode=` on to `Eagle3DraftModel.__init__`, which does not take them."""
     params = inspect.signature(model_class.__init__).parameters
     return "verifier" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def trained_speculative_tokens(draft_dir: str | Path) -> int:
+    """The draft steps a checkpoint was trained for (its greedy proposal's speculative_tokens = ttt_steps)."""
+    path = Path(draft_dir) / "config.json"
+    methods = read_json(path).get("speculators_config", {}).get("proposal_methods") or [{}]
+    steps = methods[0].get("speculative_tokens")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{path}: speculators_config.proposal_methods[0].speculative_tokens is {steps!r}; "
+                         "set benchmark.num_speculative_tokens to an integer")
+    return steps
+
+
+def resolve_num_speculative_tokens(value, draft_dir: str | Path) -> int:
+    """benchmark.num_speculative_tokens: an integer, or "auto" for the steps the draft was trained for."""
+    return trained_speculative_tokens(draft_dir) if value == "auto" else int(value)
 
 
 def load_draft(draft_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

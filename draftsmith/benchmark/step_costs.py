@@ -1,0 +1,72 @@
+"""What one draft step costs next to one target step, at batch 1: the cost ratio c.
+
+With acceptance length tau and k draft steps per round, speculative decoding can at best run
+tau / (1 + k * c) times as fast as target-only decoding (a verification forward costing one decode
+step). The benchmark reports c and that bound beside the measured speedup: the gap between them
+is overhead of the loop (host syncs, Python per round, the verification step's extra width).
+Each timed call is synchronised on its own, as the decoding loops see it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
+
+REPEATS = 20
+
+
+def _median_ms(fn, device, repeats: int = REPEATS) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_step_costs(target: TargetModel, draft, prompt_ids: list[int], k: int) -> dict:
+    """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft
+    step (a draft round of k steps / k, one newly verified position per round) after `prompt_ids`."""
+    device = target.device
+    cache = DynamicCache()
+    prompt = torch.tensor(prompt_ids, device=device)
+    logits, aux = target.forward(prompt.view(1, -1), cache, keep=1, with_aux=True)
+    token = logits[-1].argmax().view(1, 1)
+    cached = cache.get_seq_length()
+
+    def target_step():
+        target.forward(token, cache, keep=1)[0].argmax().item()
+        cache.crop(cached)
+
+    def verify_step():
+        target.forward(token.repeat(1, k + 1), cache, keep=k + 1, with_aux=True)[0].argmax(-1).tolist()
+        cache.crop(cached)
+
+    proposer = Eagle3Proposer(draft)
+    proposer.start(torch.cat([prompt[1:], token.view(1)]), aux)
+    context = list(prompt_ids) + [int(token)]
+    proposer.propose(context, k)  # consumes the prompt's states; each round below adds one position
+
+    def draft_round():
+        proposer.accept(token.view(1), aux[:, -1:])
+        proposer.propose(context, k).tolist()
+
+    target_ms = _median_ms(target_step, device)
+    verify_ms = _median_ms(verify_step, device)
+    draft_ms = _median_ms(draft_round, device) / k
+    return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
+            "cost_ratio": draft_ms / target_ms}
+
+
+def ideal_speedup(acceptance_length: float, k: int, cost_ratio: float) -> float:
+    """tau / (1 + k * c): the speedup a round would give if its only costs were k draft steps and one target step."""
+    return acceptance_length / (1 + k * cost_ratio)
