@@ -160,7 +160,7 @@ def benchmark_prompts_spec():
     if prompts == "mt_bench":
         per_category = bench["mt_bench"]["per_category"]
         if per_category == "auto":
-            per_category = 2 if benchmark_gpus() == 0 else None
+            per_category = 1 if benchmark_gpus() == 0 else None
         return canonical(
             {
                 "source": "mt_bench",
