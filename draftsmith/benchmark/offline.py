@@ -22,7 +22,7 @@ from draftsmith.benchmark.spec_decode import (
     greedy_decode,
     speculative_decode,
 )
-from draftsmith.benchmark.step_costs import ideal_speedup, measure_step_costs
+from draftsmith.benchmark.step_costs import measure_step_costs
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
@@ -142,15 +142,14 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m]} for m in lossless}
     drafts = {"untrained_draft": untrained if "untrained_draft" in methods else None, "eagle3_draft": trained}
     for method in [m for m in methods if m in drafts]:
-        costs = measure_step_costs(runner, drafts[method], prompt_ids[0], k)
-        method_rows = [r for r in rows if r["method"] == method]
-        tau = sum(r["new_tokens"] for r in method_rows) / sum(r["target_forwards"] for r in method_rows)
-        extras[method].update(step_costs=costs, ideal_speedup=ideal_speedup(tau, k, costs["cost_ratio"]))
-        log.info("%s: draft step %.2f ms, target step %.2f ms (verification over %d tokens %.2f ms): c = %.3f, "
-                 "ideal speedup tau / (1 + k c) = %.2fx", method, costs["draft_step_ms"], costs["target_step_ms"],
-                 k + 1, costs["verify_step_ms"], costs["cost_ratio"], extras[method]["ideal_speedup"])
+        extras[method]["step_costs"] = measure_step_costs(runner, drafts[method], prompt_ids[0], k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras)
     for method, stats in summary["methods"].items():
         log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx", method, stats["acceptance_length"],
                  stats["tokens_per_s"], stats["speedup"])
+        if "step_costs" in stats:
+            costs = stats["step_costs"]
+            log.info("%s: draft step %.2f ms, target step %.2f ms (verification over %d tokens %.2f ms): c = %.3f, "
+                     "ideal speedup tau / (1 + k c) = %.2fx", method, costs["draft_step_ms"], costs["target_step_ms"],
+                     k + 1, costs["verify_step_ms"], costs["cost_ratio"], stats["ideal_speedup"])
     return summary

@@ -67,16 +67,25 @@ def summarise(df: pd.DataFrame, k: int) -> dict:
     return methods
 
 
+def ideal_speedup(acceptance_length: float, k: int, cost_ratio: float) -> float:
+    """tau / (1 + k * c): the speedup a round would give if its only costs were k draft steps and one target step."""
+    return acceptance_length / (1 + k * cost_ratio)
+
+
 def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict,
                   method_extras: dict[str, dict] | None = None) -> dict:
     """Write both tables atomically; `meta` (variant, backend, device, settings, versions) goes into the
-    summary, and `method_extras[method]` (e.g. lossless) into that method's entry."""
+    summary, and `method_extras[method]` (e.g. lossless, step_costs) into that method's entry, with
+    `ideal_speedup` derived from a method's step_costs and acceptance length."""
     df = finish_rows(rows, k)
     with atomic_path(out_per_prompt, suffix=".csv") as tmp:
         df.to_csv(tmp, index=False)
     methods = summarise(df, k)
     for method, extras in (method_extras or {}).items():
         methods[method].update(extras)
+        if "step_costs" in extras:  # draftsmith.benchmark.step_costs
+            methods[method]["ideal_speedup"] = ideal_speedup(methods[method]["acceptance_length"], k,
+                                                             extras["step_costs"]["cost_ratio"])
     summary = {**meta, "num_speculative_tokens": k, "methods": methods}
     write_json(out_summary, summary)
     return summary

@@ -65,8 +65,3 @@ def measure_step_costs(target: TargetModel, draft, prompt_ids: list[int], k: int
     draft_ms = _median_ms(draft_round, device) / k
     return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
             "cost_ratio": draft_ms / target_ms}
-
-
-def ideal_speedup(acceptance_length: float, k: int, cost_ratio: float) -> float:
-    """tau / (1 + k * c): the speedup a round would give if its only costs were k draft steps and one target step."""
-    return acceptance_length / (1 + k * cost_ratio)
