@@ -1,6 +1,8 @@
 """Hidden-state extraction throughput: draftsmith's batched hf backend vs a batch-size-1 loop.
 
-Both run in one process on the same samples and write the same files to the same disk. The
+All run in one process on the same samples and write the same files to the same disk; the
+batched backend also runs its previous path (`PreviousPathExtractor`), alternating with the
+current one, so that the change is measured side by side. The
 limit is the larger of two floors: prefill FLOPs over the measured matmul rate, and bytes
 written over the measured write bandwidth (with fsync) of the output disk.
 
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.devices import resolve_device, resolve_dtype  # noqa: E402
 from draftsmith.extraction.driver import extract_shard  # noqa: E402
-from draftsmith.extraction.hf_backend import HFBackend, HFHiddenStateExtractor  # noqa: E402
+from draftsmith.extraction.hf_backend import BatchStates, HFBackend, HFHiddenStateExtractor  # noqa: E402
 from draftsmith.extraction.shards import serialise_sample  # noqa: E402
 from draftsmith.io import sha256_bytes, write_text  # noqa: E402
 from draftsmith.provenance import package_versions  # noqa: E402
@@ -42,6 +44,33 @@ PRESETS = {
     "embedded": dict(layers=8, hidden=128, intermediate=384, heads=4, kv_heads=2, vocab=1024,
                      num_seqs=256, min_len=30, max_len=160, batch_tokens=2048, max_batch=64),
 }
+
+
+class PreviousPathExtractor(HFHiddenStateExtractor):
+    """The batched path before 2026-12-03 (the baseline row): a dense padding mask passed to the model, one
+    batch-sized pinned host buffer per batch, and a clone per sample in the writer threads."""
+
+    @torch.inference_mode()
+    def forward(self, batch_ids):
+        max_len = max(len(ids) for ids in batch_ids)
+        input_ids = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
+        attention_mask = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
+        for row, ids in enumerate(batch_ids):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+        self._captured.clear()
+        self.decoder(input_ids=input_ids.to(self.device, non_blocking=True),
+                     attention_mask=attention_mask.to(self.device, non_blocking=True), use_cache=False)
+        return torch.stack([self._captured[k] for k in self.layer_keys])
+
+    def to_host(self, states, indices, lengths):
+        if self.device.type != "cuda":
+            return super().to_host(states, indices, lengths)
+        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+        host.copy_(states, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return BatchStates(indices, [host[:, row, :n] for row, n in enumerate(lengths)], owned=False, ready=ready)
 
 
 def make_target(p: dict, path: Path) -> int:
@@ -147,6 +176,7 @@ def main():
     ap.add_argument("--table", default="perf/results/extraction.md")
     ap.add_argument("--num-seqs", type=int, default=None)
     ap.add_argument("--profile", default=None, help="write where the batched run's time goes to this file")
+    ap.add_argument("--rounds", type=int, default=2, help="batched runs per path (the fastest is reported)")
     args = ap.parse_args()
     p = dict(PRESETS[args.preset])
     if args.num_seqs:
@@ -173,14 +203,23 @@ def main():
 
     t_batch1 = batch1_loop(extractor, samples, work / "batch1")
     shutil.rmtree(work / "batch1")
-    start = time.perf_counter()
-    backend = HFBackend(TargetSpec(str(target)), aux, {"device": str(device), "dtype": args.dtype,
-                        "batch_tokens": p["batch_tokens"], "max_batch_size": p["max_batch"],
-                        "writer_threads": 8 if device.type == "cuda" else 2}, extractor=extractor)
-    manifest = extract_shard(samples, "bench", 0, 1, work / "batched", backend, {"path": str(target)})
-    t_batched = time.perf_counter() - start
-    bytes_written = sum(e["bytes"] for e in manifest["samples"])
-    shutil.rmtree(work / "batched")
+    cfg = {"device": str(device), "dtype": args.dtype, "batch_tokens": p["batch_tokens"], "max_batch_size": p["max_batch"],
+           "writer_threads": 8 if device.type == "cuda" else 2}
+    backends = {"current": HFBackend(TargetSpec(str(target)), aux, cfg, extractor=extractor),
+                "previous": HFBackend(TargetSpec(str(target)), aux, cfg,
+                                      extractor=PreviousPathExtractor(str(target), aux, device=str(device), dtype=args.dtype))}
+    seconds: dict[str, list[float]] = {"previous": [], "current": []}
+    for _ in range(args.rounds):  # alternating, so that both paths see the same machine state
+        for name in ("previous", "current"):
+            start = time.perf_counter()
+            manifest = extract_shard(samples, "bench", 0, 1, work / "batched", backends[name], {"path": str(target)})
+            seconds[name].append(time.perf_counter() - start)
+            if name == "current":
+                bytes_written = sum(e["bytes"] for e in manifest["samples"])
+            shutil.rmtree(work / "batched")
+    print("batched runs, seconds:", json.dumps({k: [round(x, 3) for x in v] for k, v in seconds.items()}))
+    t_previous, t_batched = min(seconds["previous"]), min(seconds["current"])
+    backend = backends["current"]
 
     if args.profile:
         profile_batched(lambda: extract_shard(samples, "bench", 0, 1, work / "profiled", backend, {"path": str(target)}),
@@ -197,6 +236,7 @@ def main():
 
     rows = [
         ("batch-size-1 loop", tokens / t_batch1, t_batch1),
+        ("hf backend, previous path (padding mask, batch buffer, clones)", tokens / t_previous, t_previous),
         ("draftsmith hf backend (batched, async writes)", tokens / t_batched, t_batched),
     ]
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
@@ -216,13 +256,16 @@ def main():
         "",
         f"Compute floor {tokens / t_compute:,.0f} tokens/s ({flops / 1e12:.1f} TFLOP at a measured {tflops:.1f} TFLOP/s); "
         f"disk floor {tokens / t_disk:,.0f} tokens/s ({bytes_written / 1e9:.2f} GB at a measured "
-        f"{bandwidth / 1e9:.2f} GB/s with fsync).",
+        f"{bandwidth / 1e9:.2f} GB/s with fsync). Batched rows: the fastest of {args.rounds} alternating runs per path "
+        f"(all: previous {', '.join(f'{x:.2f}' for x in seconds['previous'])} s; "
+        f"current {', '.join(f'{x:.2f}' for x in seconds['current'])} s); current vs previous {t_previous / t_batched:.2f}x.",
     ]
     table = "\n".join(lines) + "\n"
     print(table)
     write_text(args.table, table)
     write_text(Path(args.table).with_suffix(".json"), json.dumps({
-        "preset": args.preset, "tokens": tokens, "batch1_tps": rows[0][1], "batched_tps": rows[1][1], "limit_tps": limit,
+        "preset": args.preset, "tokens": tokens, "batch1_tps": rows[0][1], "previous_path_tps": rows[1][1], "batched_tps": rows[2][1],
+        "batched_seconds": seconds, "limit_tps": limit,
         "matmul_tflops": tflops, "write_gbps": bandwidth / 1e9, "device": device_name}, indent=2) + "\n")
 
 

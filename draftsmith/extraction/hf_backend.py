@@ -2,8 +2,11 @@
 
 Samples are sorted by length and packed into batches under a token budget so little is
 padded. The decoder runs without the lm_head; forward hooks capture the inputs of the
-auxiliary decoder layers and the output of the final norm. On a GPU, device-to-host copies
-go to pinned memory asynchronously and a pool of writer threads serialises and writes the
+auxiliary decoder layers and the output of the final norm. Batches are right-padded and run
+without an attention mask: attention is causal, so no real position sees the padding, and
+transformers then builds no dense [batch, 1, len, len] mask and SDPA takes its causal kernel.
+On a GPU, each sample's states are copied asynchronously into a pinned host tensor of their own
+(the padding never leaves the device) and a pool of writer threads serialises and writes the
 files while the next batch computes.
 """
 
@@ -47,19 +50,19 @@ def plan_batches(lengths: list[int], batch_tokens: int, max_batch_size: int) -> 
 
 @dataclass
 class BatchStates:
-    """States of one batch, on the host: `states[layer, row, :length]` belongs to sample `indices[row]`."""
+    """States of one batch on the host: `rows[r]` ([num_layers, length, hidden]) belongs to sample `indices[r]`."""
 
     indices: list[int]
-    lengths: list[int]
-    states: torch.Tensor  # [num_layers, batch, max_len, hidden]
+    rows: list[torch.Tensor]
+    owned: bool  # each row its own storage (else views of the batch's, cloned when taken)
     ready: torch.cuda.Event | None = None
 
     def sample(self, row: int) -> list[torch.Tensor]:
         if self.ready is not None:
             self.ready.synchronize()
-        n = self.lengths[row]
-        # clone: torch.save of a view would serialise the whole batch storage
-        return [self.states[layer, row, :n].clone() for layer in range(self.states.shape[0])]
+        # torch.save writes a tensor's whole storage: a view of the batch would carry every other sample
+        states = self.rows[row] if self.owned else self.rows[row].clone()
+        return list(states.unbind(0))
 
 
 class HFHiddenStateExtractor:
@@ -101,26 +104,24 @@ class HFHiddenStateExtractor:
         """Run one right-padded batch; return states [num_layers, batch, max_len, hidden] on the device."""
         max_len = max(len(ids) for ids in batch_ids)
         input_ids = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
-        attention_mask = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
         for row, ids in enumerate(batch_ids):
             input_ids[row, : len(ids)] = torch.tensor(ids)
-            attention_mask[row, : len(ids)] = 1
         self._captured.clear()
-        self.decoder(
-            input_ids=input_ids.to(self.device, non_blocking=True),
-            attention_mask=attention_mask.to(self.device, non_blocking=True),
-            use_cache=False,
-        )
+        # no attention mask: the padding is on the right and attention is causal (see the module docstring)
+        self.decoder(input_ids=input_ids.to(self.device, non_blocking=True), use_cache=False)
         return torch.stack([self._captured[k] for k in self.layer_keys])
 
     def to_host(self, states: torch.Tensor, indices: list[int], lengths: list[int]) -> BatchStates:
+        rows = [states[:, row, :n] for row, n in enumerate(lengths)]
         if self.device.type != "cuda":
-            return BatchStates(indices, lengths, states)
-        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)  # torch's host allocator caches these
-        host.copy_(states, non_blocking=True)
+            return BatchStates(indices, rows, owned=False)
+        host = []
+        for state in rows:  # torch's caching host allocator reuses the pinned blocks
+            host.append(torch.empty(state.shape, dtype=state.dtype, pin_memory=True))
+            host[-1].copy_(state, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return BatchStates(indices, lengths, host, ready)
+        return BatchStates(indices, host, owned=True, ready=ready)
 
     def sample_states(self, input_ids: list[int]) -> list[torch.Tensor]:
         """States of a single sample (no batching); the reference for tests and the batch-1 benchmark."""
