@@ -15,6 +15,7 @@ from draftsmith.data.mtbench import (
     fastchat_conversations_file,
     mt_bench_questions_file,
 )
+from draftsmith.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
 # Snakemake keeps the last of a key given twice in a config file, silently: re-read each file strictly.
@@ -44,6 +45,18 @@ TARGET_RULE = BUILT_TARGETS.get(config["target"]["model"])
 DATASETS = sorted(config["datasets"])
 REGENERATED = [d for d in DATASETS if config["datasets"][d]["regenerate"]]
 VARIANTS = sorted(config["variants"])
+for name in DATASETS:
+    if config["datasets"][name]["source"] in PROMPT_SETS and name not in REGENERATED:
+        raise WorkflowError(
+            f"datasets.{name}: source {config['datasets'][name]['source']} holds prompts without replies; "
+            "set regenerate: true (the target answers them)"
+        )
+for name in VARIANTS:
+    unknown = set(config["variants"][name].get("datasets", [])) - set(DATASETS)
+    if unknown:
+        raise WorkflowError(
+            f"variants.{name}.datasets: {sorted(unknown)} are not in datasets ({', '.join(DATASETS)})"
+        )
 NUM_SHARDS = config["extraction"]["num_shards"]
 
 
@@ -98,6 +111,9 @@ def raw_dataset_spec(dataset):
         spec.update(source="local", path=str(R / "data" / "synthetic" / "train.jsonl"))
     elif spec["source"] == "fastchat":
         spec.update(source="local", path=packaged(fastchat_conversations_file))
+    elif spec["source"] in PROMPT_SETS:
+        prompt_set = spec["source"]
+        spec.update(source="local", path=packaged(lambda: prompt_set_file(prompt_set)))
     return canonical(spec)
 
 
@@ -139,9 +155,16 @@ def all_shard_manifests(wildcards=None):
     return [m for d in DATASETS for m in shard_manifests(d)]
 
 
+def variant_manifests(wildcards):
+    """The shards a variant trains on: those of its `datasets`, else of every dataset."""
+    names = config["variants"][wildcards.variant].get("datasets") or DATASETS
+    return [m for d in DATASETS if d in names for m in shard_manifests(d)]
+
+
 def variant_training(variant):
     overrides = dict(config["variants"][variant])
     overrides.pop("benchmark_methods", None)
+    overrides.pop("datasets", None)
     return canonical({**config["training"], **overrides})
 
 

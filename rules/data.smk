@@ -109,5 +109,6 @@ rule regenerate:
         source=lambda wc: config["datasets"][wc.dataset]["source"],
         target=TARGET_SPEC,
         regenerate=canonical(config["regenerate"]),
+        seq_length=config["seq_length"],
     script:
         "../scripts/regenerate.py"

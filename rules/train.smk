@@ -1,6 +1,6 @@
 rule train_draft:
     input:
-        manifests=all_shard_manifests,
+        manifests=variant_manifests,
         d2t=R / "vocab" / "d2t.npy",
         t2d=R / "vocab" / "t2d.npy",
         target=target_input(),

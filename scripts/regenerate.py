@@ -12,7 +12,7 @@ def main(smk):
     regenerate(regeneration_prompts(dict(smk.params.spec), smk.params.source), target, smk.output[0],
                max_new_tokens=cfg["max_new_tokens"], batch_size=cfg["batch_size"], temperature=cfg["temperature"],
                top_p=cfg["top_p"], top_k=cfg["top_k"], seed=cfg["seed"], chunk_size=cfg["chunk_size"],
-               device=str(device), dtype=str(dtype).removeprefix("torch."))
+               device=str(device), dtype=str(dtype).removeprefix("torch."), max_prompt_tokens=smk.params.seq_length)
 
 
 run(main, snakemake)  # noqa: F821

@@ -20,12 +20,13 @@ from draftsmith.io import read_json
 
 SMALL_DEFAULT = {
     "target": {"model": "smollm2-135m-instruct"},
-    "datasets": {"fastchat": {"source": "fastchat", "regenerate": True, "max_records": 12}},
+    "datasets": {"fastchat": {"source": "fastchat", "regenerate": True, "max_records": 12},
+                 "ifeval": {"source": "ifeval", "regenerate": True, "max_records": 4}},
     "regenerate": {"max_new_tokens": 24, "batch_size": 6, "chunk_size": 6, "temperature": 0.0},
     "extraction": {"num_shards": 1, "aux_layer_ids": None},
     "vocab": {"draft_vocab_size": 512},
     "training": {"epochs": 1, "total_seq_length": 512, "ttt_steps": 2},
-    "variants": {"default": {}},
+    "variants": {"default": {}, "broad": {"datasets": ["ifeval"]}},
     "benchmark": {"prompts": "mt_bench", "mt_bench": {"per_category": 1, "seed": 0}, "max_new_tokens": 8,
                   "num_speculative_tokens": 2, "methods": ["target_greedy", "eagle3_draft"]},
 }
@@ -58,9 +59,21 @@ def test_no_benchmark_prompt_is_in_the_training_data(default_run):
     benchmark = [json.loads(line) for line in (default_run / "benchmark" / "prompts.jsonl").open()]
     asked = {mtbench.normalise_text(m["content"]) for p in benchmark for m in p["messages"] if m["role"] == "user"}
     assert len(asked) == 8
-    for line in (default_run / "data" / "regenerated" / "fastchat.jsonl").open():
-        for m in json.loads(line)["messages"]:
-            assert mtbench.normalise_text(m["content"]) not in asked
+    for dataset in ("fastchat", "ifeval"):
+        for line in (default_run / "data" / "regenerated" / f"{dataset}.jsonl").open():
+            for m in json.loads(line)["messages"]:
+                assert mtbench.normalise_text(m["content"]) not in asked
+
+
+def test_a_variant_trains_on_the_datasets_it_names(default_run):
+    ifeval = read_json(default_run / "prepared" / "ifeval" / "stats.json")
+    broad = read_json(default_run / "draft" / "broad" / "training_data.json")
+    everything = read_json(default_run / "draft" / "default" / "training_data.json")
+    assert broad["datasets"] == ["ifeval"] and everything["datasets"] == ["fastchat", "ifeval"]
+    assert broad["train_samples"] + broad["val_samples"] == ifeval["records_kept"] == 4
+    assert everything["train_samples"] + everything["val_samples"] == 16
+    table = (default_run / "report" / "report.md").read_text()
+    assert "| broad | ifeval |" in table and "| default | fastchat, ifeval |" in table
 
 
 def test_mt_bench_results_by_category_and_lossless(default_run):

@@ -125,3 +125,22 @@ def test_prompts_from_jsonl(tiny_target, tmp_path):
 def test_bad_prompt_records(bad, message):
     with pytest.raises(ValueError, match=message):
         regen.load_prompt_records(bad)
+
+
+def test_prompts_with_no_room_for_an_answer_are_skipped(tiny_target, tmp_path, caplog):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    records = prompts(3) + [{"id": "long", "messages": [{"role": "user", "content": "Tell me a story. " * 40}]}]
+    lengths = [len(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in records]
+    limit = max(lengths[:3]) + 1
+    assert lengths[3] >= limit
+    out = tmp_path / "answers.jsonl"
+    with caplog.at_level(logging.INFO, logger="draftsmith.data.regenerate"):
+        stats = regen.regenerate(records, tiny_target, out, max_new_tokens=4, show_progress=False,
+                                 max_prompt_tokens=limit)
+    assert [r["id"] for r in rows(out)] == ["p0", "p1", "p2"] and stats["num_prompts"] == 3
+    assert f"skipped 1 of 4 prompts of {limit} tokens or more" in caplog.text
+    with pytest.raises(ValueError, match="nothing to regenerate"):
+        regen.regenerate(records[3:], tiny_target, tmp_path / "none.jsonl", max_new_tokens=4, show_progress=False,
+                         max_prompt_tokens=limit)

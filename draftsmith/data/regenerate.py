@@ -65,22 +65,28 @@ def regeneration_prompts(spec: dict, source: str) -> list[dict]:
     spacing and punctuation aside) an MT-Bench turn is dropped, and the count logged.
 
     FastChat's conversations (source=fastchat) give every user turn, deduplicated (their 500
-    identity chats hold 54 distinct ones); other sources give each record's first user turn.
+    identity chats hold 54 distinct ones); the packaged prompt sets (draftsmith.data.prompt_sets)
+    give their prompts; other sources give each record's first user turn. `max_records` counts
+    the prompts kept.
     """
-    from draftsmith.data import mtbench
+    from draftsmith.data import mtbench, prompt_sets
 
     benchmark_turns = [t for q in mtbench.load_questions() for t in q["turns"]]
+    limit = spec.get("max_records")
     if source == "fastchat":
         records = mtbench.training_prompts(mtbench.load_conversations(spec["path"]), exclude=benchmark_turns)
-        return records[: spec["max_records"]] if spec.get("max_records") else records
+        return records[:limit] if limit else records
     banned = {mtbench.normalise_text(t) for t in benchmark_turns}
-    records = load_prompt_records(spec)
+    if source in prompt_sets.PROMPT_SETS:
+        records = [{"id": r["id"], "messages": r["messages"]} for r in prompt_sets.load_prompt_set(source, spec["path"])]
+    else:
+        records = load_prompt_records(spec)
     kept = [r for r in records
             if not any(m["role"] == "user" and mtbench.normalise_text(m["content"]) in banned for m in r["messages"])]
     if len(kept) < len(records):
         log.warning("regenerate: dropped %d prompts of %s that are MT-Bench questions (the benchmark prompts)",
                     len(records) - len(kept), spec.get("path") or spec.get("name"))
-    return kept
+    return kept[:limit] if limit else kept
 
 
 def fingerprint_of(parts: dict) -> str:
@@ -128,9 +134,12 @@ def _generate_chunk(model, tokenizer, records: list[dict], params: dict, eos: li
 def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, max_new_tokens: int = 256,
                batch_size: int = 16, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                chunk_size: int = 64, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
-               show_progress: bool = True) -> dict:
+               show_progress: bool = True, max_prompt_tokens: int | None = None) -> dict:
     """Answer every prompt with the target (a TargetSpec or a model directory); write OpenAI-messages
-    JSONL to `out_jsonl`. Returns stats."""
+    JSONL to `out_jsonl`. Returns stats.
+
+    `max_prompt_tokens` (the workflow passes seq_length): a prompt whose chat-template rendering has at
+    least this many tokens is skipped, and the count logged; training would truncate its answer away."""
     import torch
     from tqdm import tqdm
 
@@ -142,6 +151,16 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
         torch.set_num_threads(threads)
     target = target if isinstance(target, TargetSpec) else TargetSpec(str(target))
     records = load_prompt_records(prompts)
+    if max_prompt_tokens is not None:
+        tokenizer = target.load_tokenizer()
+        fits = [r for r in records if len(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True))
+                < max_prompt_tokens]
+        if len(fits) < len(records):
+            log.info("regenerate: skipped %d of %d prompts of %d tokens or more (no room for an answer within "
+                     "seq_length)", len(records) - len(fits), len(records), max_prompt_tokens)
+        if not fits:
+            raise ValueError(f"every prompt has {max_prompt_tokens} tokens or more: nothing to regenerate")
+        records = fits
     out_jsonl = Path(out_jsonl)
     chunk_dir = out_jsonl.with_name(out_jsonl.name + ".chunks")
     params = {"max_new_tokens": int(max_new_tokens), "batch_size": int(batch_size), "temperature": float(temperature),

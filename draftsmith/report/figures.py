@@ -149,7 +149,8 @@ def plot_data_size(data_size: pd.DataFrame, path: Path) -> None:
         ax.text(0.5, 0.5, "one training-set size only: add a variant with another data_fraction",
                 ha="center", transform=ax.transAxes)
     else:
-        sns.lineplot(df, x="train tokens", y="acceptance length", marker="o", errorbar=None, ax=ax)
+        # one line per set of datasets: a variant on other datasets is another kind of data, not another amount
+        sns.lineplot(df, x="train tokens", y="acceptance length", hue="datasets", marker="o", errorbar=None, ax=ax)
         for r in df.to_dict("records"):
             ax.annotate(f"{r['variant']} ({r['acceptance length']:.2f})", (r["train tokens"], r["acceptance length"]),
                         textcoords="offset points", xytext=(4, 6), fontsize=8)

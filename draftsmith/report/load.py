@@ -169,5 +169,7 @@ def load_training_data(paths) -> pd.DataFrame:
     for path in paths:
         data = _read_json(path, "training data summary")
         _require(data, TRAINING_DATA_FIELDS, str(path))
-        rows.append({"variant": Path(path).parent.name, **{k: data[k] for k in TRAINING_DATA_FIELDS}})
-    return pd.DataFrame(rows, columns=["variant", *TRAINING_DATA_FIELDS])
+        datasets = data.get("datasets")  # absent in summaries written before variants chose datasets
+        rows.append({"variant": Path(path).parent.name, **{k: data[k] for k in TRAINING_DATA_FIELDS},
+                     "datasets": ", ".join(datasets) if datasets else "all"})
+    return pd.DataFrame(rows, columns=["variant", *TRAINING_DATA_FIELDS, "datasets"])

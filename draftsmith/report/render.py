@@ -36,8 +36,9 @@ SECTIONS = [
      "Generated tokens per target forward over each category's prompts (MT-Bench's categories, or the "
      "synthetic task families), per method and variant; prompts = prompts in the category."),
     ("data_size", "Training data and acceptance",
-     "Each variant's training set (data_fraction of the training samples; the validation samples are "
-     "the same for all) and its trained draft's acceptance length on the benchmark prompts."),
+     "Each variant's training set (the datasets it trains on, and data_fraction of their training samples; "
+     "variants on the same datasets share their validation samples) and its trained draft's acceptance "
+     "length on the benchmark prompts."),
     ("training", "Training (final values)", "Validation rows are per-epoch averages."),
     ("drafts", "Draft checkpoints", "From each draft's speculators config.json."),
     ("data", "Data", "Records read, kept and skipped per dataset, and tokens after truncation."),

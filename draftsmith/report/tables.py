@@ -66,7 +66,7 @@ def data_size_table(training_data: pd.DataFrame, methods: pd.DataFrame) -> pd.Da
     """Per variant: how much it was trained on and the trained draft's acceptance length."""
     draft = methods[methods["method"] == "eagle3_draft"].set_index("variant")["acceptance_length"]
     df = training_data.sort_values(["train_tokens", "variant"]).reset_index(drop=True)
-    return pd.DataFrame({"variant": df["variant"], "data fraction": df["data_fraction"],
+    return pd.DataFrame({"variant": df["variant"], "datasets": df["datasets"], "data fraction": df["data_fraction"],
                          "train samples": df["train_samples"], "train tokens": df["train_tokens"],
                          "acceptance length": df["variant"].map(draft)})
 
@@ -166,9 +166,12 @@ def data_size_findings(data_size: pd.DataFrame) -> list[str]:
     df = data_size.dropna(subset=["acceptance length"])
     if df["train tokens"].nunique() < 2:
         return []
-    points = ", ".join(f"{fmt(r['acceptance length'], 2)} from {fmt(int(r['train tokens']))} tokens (`{r['variant']}`)"
-                       for r in df.to_dict("records"))
-    return [f"What the amount of training data buys: trained-draft acceptance length {points}."]
+    def point(r):
+        on = "" if df["datasets"].nunique() < 2 else f" of {r['datasets']}"
+        return f"{fmt(r['acceptance length'], 2)} from {fmt(int(r['train tokens']))} tokens{on} (`{r['variant']}`)"
+
+    return [f"What the amount of training data buys: trained-draft acceptance length "
+            f"{', '.join(point(r) for r in df.to_dict('records'))}."]
 
 
 def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metrics: pd.DataFrame,

@@ -289,7 +289,8 @@ def run_training(args: dict) -> None:
 def data_summary(manifests: list[str], training: dict) -> dict:
     """What the draft was trained on (the report's data-size figure reads it)."""
     _, (train_files, train_lengths), (val_files, val_lengths) = training_split(manifests, training)
-    return {"data_fraction": training["data_fraction"], "train_samples": len(train_files),
+    return {"datasets": sorted({Path(m).parent.parent.name for m in manifests}),  # shards/<dataset>/shard_k/manifest.json
+            "data_fraction": training["data_fraction"], "train_samples": len(train_files),
             "train_tokens": int(sum(train_lengths)), "val_samples": len(val_files), "val_tokens": int(sum(val_lengths)),
             "epochs": training["epochs"], "ttt_steps": training["ttt_steps"]}
 
