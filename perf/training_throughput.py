@@ -43,8 +43,14 @@ class StepTimer(logging.Handler):
             self.times.append(time.perf_counter())
 
     def steady_steps_per_s(self, skip: int = 3) -> float:
-        t = self.times[skip:]
-        return (len(t) - 1) / (t[-1] - t[0])
+        """Steps per second from the median step interval after `skip` steps: in-epoch speed, without the
+        pauses between epochs (validation, checkpointing), which the wall figures include."""
+        return 1.0 / float(np.median(np.diff(self.times[skip:])))
+
+    def pauses_s(self, skip: int = 3) -> float:
+        """Seconds beyond the median step interval, summed: validation, checkpoints, recompiles."""
+        gaps = np.diff(self.times[skip:])
+        return float(np.sum(gaps - np.median(gaps)))
 
 
 def timed(fn, *args):
@@ -117,6 +123,7 @@ def main():
     ap.add_argument("--results", required=True, help="a results tree with shards/, vocab/ and target/ (the GPU config's)")
     ap.add_argument("--target", default=None)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--min-steps", type=int, default=0, help="raise --epochs until each run takes at least this many steps")
     ap.add_argument("--total-seq-length", type=int, default=8192)
     ap.add_argument("--table", default="perf/results/training.md")
     args = ap.parse_args()
@@ -134,6 +141,14 @@ def main():
     lengths = [e["num_tokens"] for m in manifests for e in read_json(m)["samples"]]
     (train_files, train_lengths), (val_files, _) = split_train_val(files, lengths, 0.1, 0)
     train_tokens = sum(train_lengths)
+    if args.min_steps:
+        from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+        per_epoch = len(MultipackDistributedBatchSamplerV2(batch_max_length=args.total_seq_length,
+                                                           lengths=[n - 1 for n in train_lengths], num_replicas=1, rank=0))
+        args.epochs = max(args.epochs, -(-args.min_steps // per_epoch))
+        cfg["epochs"] = args.epochs
+        print(f"{per_epoch} steps per epoch: {args.epochs} epochs for >= {args.min_steps} steps", flush=True)
 
     compile_s = warm_up(train_files, d2t, t2d, target, cfg)
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,12 +161,12 @@ def main():
     tokens = train_tokens * args.epochs
     lines = [
         f"Draft training throughput, {len(manifests)} shards, {len(train_files)} training samples ({train_tokens} tokens), "
-        f"{args.epochs} epoch(s) with validation and checkpointing, total_seq_length {args.total_seq_length}, 3 TTT steps, "
+        f"{args.epochs} epoch(s) each with validation and checkpointing, total_seq_length {args.total_seq_length}, 3 TTT steps, "
         f"on {device}; {time.strftime('%Y-%m-%d')}; torch {package_versions().get('torch')}, speculators "
         f"{package_versions().get('speculators')}. Shared warm-up (torch.compile) took {compile_s:.1f} s, excluded.",
         "",
-        "| run | epoch wall s | tokens/s (wall) | steps | steady tokens/s (step 3 on) | ratio (steady) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| run | wall s | tokens/s (wall) | steps | pauses s | steady tokens/s (median step) | ratio (steady) | ratio (wall) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     steady = {}
     for name, secs, timer in (("speculators 0.3.0 recipe (scripts/train.py setup)", t_upstream, up),
@@ -160,8 +175,8 @@ def main():
     base = steady["speculators 0.3.0 recipe (scripts/train.py setup)"]
     for name, secs, timer in (("speculators 0.3.0 recipe (scripts/train.py setup)", t_upstream, up),
                               ("draftsmith train_draft", t_ours, us)):
-        lines.append(f"| {name} | {secs:.1f} | {tokens / secs:,.0f} | {len(timer.times)} | {steady[name]:,.0f} | "
-                     f"{steady[name] / base:.2f} |")
+        lines.append(f"| {name} | {secs:.1f} | {tokens / secs:,.0f} | {len(timer.times)} | {timer.pauses_s():.1f} | "
+                     f"{steady[name]:,.0f} | {steady[name] / base:.2f} | {t_upstream / secs:.2f} |")
     table = "\n".join(lines) + "\n"
     print(table)
     write_text(args.table, table)

@@ -26,6 +26,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -138,7 +139,8 @@ class MetricsCSV(logging.Handler):
         super().__init__()
         self.path, self.variant, self.bar = path, variant, bar
         keys = [f"{kind}_{i}" for kind in ("loss", "full_acc", "cond_acc") for i in range(ttt_steps)]
-        self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys
+        # wall: the Unix time the record arrived, so step times and pauses (validation, checkpoints) show in the CSV
+        self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys + ["wall"]
         if not self.path.exists():
             with open(self.path, "w", newline="") as f:
                 csv.writer(f).writerow(self.columns)
@@ -157,7 +159,7 @@ class MetricsCSV(logging.Handler):
             log.info("epoch %d validation: %s", msg["epoch"], ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "split"))
         else:
             return
-        row.update(variant=self.variant, epoch=msg["epoch"], step=step)
+        row.update(variant=self.variant, epoch=msg["epoch"], step=step, wall=f"{time.time():.3f}")
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in self.columns])
 
