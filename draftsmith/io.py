@@ -72,17 +72,26 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 
 def write_jsonl(path: str | Path, rows) -> int:
     n = 0
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
     return n
+
+
+def read_jsonl(path: str | Path):
+    """The rows of a JSON Lines file that draftsmith wrote. Lines end at "\\n" only: str.splitlines() would also
+    split at U+2028, U+0085 or a form feed, which write_jsonl leaves raw inside strings (ensure_ascii=False)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
 
 
 def torch_save(obj: Any, path: str | Path) -> None:

