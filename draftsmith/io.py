@@ -85,13 +85,24 @@ def write_jsonl(path: str | Path, rows) -> int:
     return n
 
 
-def read_jsonl(path: str | Path):
-    """The rows of a JSON Lines file that draftsmith wrote. Lines end at "\\n" only: str.splitlines() would also
-    split at U+2028, U+0085 or a form feed, which write_jsonl leaves raw inside strings (ensure_ascii=False)."""
+def iter_jsonl(path: str | Path, error: type[Exception] = ValueError):
+    """(line number, row) for each non-blank line of a JSON Lines file; a line that is not JSON raises `error`
+    naming the file and the line. Lines end at "\\n" only: str.splitlines() would also split at U+2028, U+0085 or a
+    form feed, which write_jsonl leaves raw inside strings (ensure_ascii=False)."""
     with open(path, encoding="utf-8", newline="\n") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+            yield lineno, row
+
+
+def read_jsonl(path: str | Path) -> list:
+    """The rows of a JSON Lines file."""
+    return [row for _, row in iter_jsonl(path)]
 
 
 def torch_save(obj: Any, path: str | Path) -> None:

