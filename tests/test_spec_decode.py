@@ -226,6 +226,42 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
                               out / "x.csv", out / "x.json", "default")
 
 
+def test_mt_bench_second_turn_follows_the_targets_own_answer(tiny):
+    """benchmark.mt_bench.turns = 2: each question's second turn is benchmarked after the target's greedy answer."""
+    import pandas as pd
+
+    from draftsmith.benchmark.offline import run_offline_benchmark
+    from draftsmith.data.mtbench import mt_bench_questions_file
+    from draftsmith.data.prompts import resolve_benchmark_prompts
+
+    draft_dir = tiny["root"] / "draft_turns"
+    tiny["trained"].save_pretrained(draft_dir)
+    spec = {"source": "mt_bench", "path": str(mt_bench_questions_file()), "per_category": 1, "seed": 0, "turns": 2}
+    prompts = resolve_benchmark_prompts(spec)[:2]
+    assert all(isinstance(p["follow_up"], str) and p["follow_up"] for p in prompts)
+    cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 8, "temperature": 0.0, "batch_size": 1,
+           "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32", "seed": 0,
+           "methods": ["target_greedy", "eagle3_draft"]}
+    out = tiny["root"] / "bench_turns"
+    summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg,
+                                    out / "per_prompt.csv", out / "summary.json", "default")
+    assert summary["num_prompts"] == 4 and summary["methods"]["eagle3_draft"]["prompts"] == 4
+    assert summary["methods"]["eagle3_draft"]["lossless"] is True
+    rows = pd.read_csv(out / "per_prompt.csv")
+    greedy = rows[rows["method"] == "target_greedy"].set_index("prompt_id")
+    first, second = prompts[0]["prompt_id"], prompts[0]["prompt_id"] + "_turn2"
+    assert list(greedy.index) == [first, second, prompts[1]["prompt_id"], prompts[1]["prompt_id"] + "_turn2"]
+    assert greedy.loc[second, "category"] == prompts[0]["category"]
+    # the second turn's prompt: the first turn, the target's own greedy answer to it, then the follow-up
+    tokenizer, target = tiny["tokenizer"], tiny["target"]
+    turn1 = tokenizer.apply_chat_template(prompts[0]["messages"], add_generation_prompt=True, tokenize=True)
+    answer = tokenizer.decode(greedy_decode(target, turn1, 8, tiny["stop"]).tokens, skip_special_tokens=True).strip()
+    turn2 = tokenizer.apply_chat_template([*prompts[0]["messages"], {"role": "assistant", "content": answer},
+                                           {"role": "user", "content": prompts[0]["follow_up"]}],
+                                          add_generation_prompt=True, tokenize=True)
+    assert answer and greedy.loc[first, "prompt_tokens"] == len(turn1) and greedy.loc[second, "prompt_tokens"] == len(turn2)
+
+
 def test_num_speculative_tokens_auto_is_what_the_draft_was_trained_for(tiny):
     from draftsmith.training.draft_model import resolve_num_speculative_tokens
 

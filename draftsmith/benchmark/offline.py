@@ -4,7 +4,9 @@ Methods: `target_greedy` (the baseline and the reference output), `prompt_lookup
 drafts, no training), `untrained_draft` (a freshly initialised EAGLE-3 draft of the trained
 draft's shape and vocabulary: what the architecture gives before training) and
 `eagle3_draft` (the trained checkpoint). Each speculative method's output must equal the
-target's greedy output; the summary records that per method as `lossless`.
+target's greedy output; the summary records that per method as `lossless`. A prompt with a
+`follow_up` (MT-Bench's second turn) is followed by that turn, asked after the target's own greedy
+answer to the first; its rows carry the prompt id with `_turn2` appended.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 from draftsmith.training.draft_model import build_draft, load_draft
 
 log = logging.getLogger(__name__)
-
 
 
 def check_settings(cfg: dict) -> None:
@@ -99,25 +100,39 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                                                        stop_ids),
     }
     decoders = {m: all_decoders[m] for m in methods}
-    prompt_ids = [tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
-                  for p in prompts]
 
+    def render(messages):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+
+    first_ids = render(prompts[0]["messages"])
     log.info("warm-up: every method once on prompt %s", prompts[0]["prompt_id"])
     for decode in decoders.values():
-        decode(prompt_ids[0])
+        decode(first_ids)
 
     rows, outputs = [], {m: {} for m in methods}
-    # Methods alternate within each prompt so that drifting clocks or thermals hit all of them alike.
-    for prompt, ids in tqdm(list(zip(prompts, prompt_ids)), desc=f"benchmark {variant}", unit="prompt",
-                            mininterval=5):
+    queue = list(prompts)
+    progress = tqdm(total=len(prompts) + sum("follow_up" in p for p in prompts), desc=f"benchmark {variant}",
+                    unit="prompt", mininterval=5)
+    while queue:
+        prompt = queue.pop(0)
+        pid, ids = prompt["prompt_id"], render(prompt["messages"])
+        # Methods alternate within each prompt so that drifting clocks or thermals hit all of them alike.
         for method in methods:
             trace = decoders[method](ids)
-            outputs[method][prompt["prompt_id"]] = trace.tokens
-            rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": prompt["prompt_id"],
+            outputs[method][pid] = trace.tokens
+            rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
                          "category": prompt["category"], "prompt_tokens": len(ids), **trace.counts(k)})
-        log.info("prompt %s (%s): %d prompt tokens, %d new tokens; acceptance length %s", prompt["prompt_id"],
-                 prompt["category"], len(ids), len(outputs[BASELINE][prompt["prompt_id"]]),
+        log.info("prompt %s (%s): %d prompt tokens, %d new tokens; acceptance length %s", pid, prompt["category"],
+                 len(ids), len(outputs[BASELINE][pid]),
                  ", ".join(f"{r['method']} {r['new_tokens'] / r['target_forwards']:.2f}" for r in rows[-len(methods):]))
+        if "follow_up" in prompt:  # the next turn, after the target's own (greedy) answer to this one
+            answer = tokenizer.decode(outputs[BASELINE][pid], skip_special_tokens=True).strip()
+            queue.insert(0, {"prompt_id": f"{pid}_turn2", "category": prompt["category"],
+                             "messages": [*prompt["messages"], {"role": "assistant", "content": answer},
+                                          {"role": "user", "content": prompt["follow_up"]}]})
+        progress.update()
+    progress.close()
+    num_prompts = len(outputs[BASELINE])
 
     # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
     # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
@@ -127,14 +142,14 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         lossless[method] = not mismatched[method]
         if mismatched[method]:
             log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding on %d of %d prompts (%s): %s",
-                      method, len(mismatched[method]), len(prompts), dtype, mismatched[method][:10])
+                      method, len(mismatched[method]), num_prompts, dtype, mismatched[method][:10])
     meta = {
         "variant": variant,
         "backend": "offline",
         "device": device_description(device),
         "dtype": str(dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
-        "num_prompts": len(prompts),
+        "num_prompts": num_prompts,
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "versions": package_versions(),
@@ -142,7 +157,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m]} for m in lossless}
     drafts = {"untrained_draft": untrained if "untrained_draft" in methods else None, "eagle3_draft": trained}
     for method in [m for m in methods if m in drafts]:
-        extras[method]["step_costs"] = measure_step_costs(runner, drafts[method], prompt_ids[0], k)
+        extras[method]["step_costs"] = measure_step_costs(runner, drafts[method], first_ids, k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras)
     for method, stats in summary["methods"].items():
         log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx", method, stats["acceptance_length"],

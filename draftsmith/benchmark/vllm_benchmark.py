@@ -158,6 +158,8 @@ def run_vllm_benchmark(target: TargetSpec, draft_dir, prompts: list[dict], cfg: 
     check_cpu_test_worker(cfg)
     if not prompts:
         raise ValueError("no benchmark prompts")
+    if any("follow_up" in p for p in prompts):
+        raise ValueError("prompts with a follow_up turn (benchmark.mt_bench.turns: 2) run on the offline backend only")
     k = cfg["num_speculative_tokens"]
     concurrency = max(1, cfg["concurrency"])
     logs = Path(out_summary).parent

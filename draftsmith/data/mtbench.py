@@ -108,11 +108,18 @@ def select_questions(questions: list[dict], per_category: int | None = None, see
 
 
 def as_prompt_records(questions: list[dict], turns: int = 1) -> list[dict]:
-    """Benchmark prompts in OpenAI-messages form: the first `turns` user turns (turn 2 needs a reply, so 1)."""
-    if turns != 1:
-        raise ValueError("only first turns are usable as standalone prompts (turn 2 refers to the reply to turn 1)")
-    return [{"id": f"mtbench_{q['question_id']}", "category": q["category"],
-             "messages": [{"role": "user", "content": q["turns"][0]}]} for q in questions]
+    """Benchmark prompts in OpenAI-messages form: the first user turn as `messages`; with `turns` = 2 the
+    second in `follow_up`, to be asked after the model's own answer to the first (it refers to that answer)."""
+    if turns not in (1, 2):
+        raise ValueError(f"MT-Bench questions have 2 turns; turns = {turns}")
+    records = []
+    for q in questions:
+        record = {"id": f"mtbench_{q['question_id']}", "category": q["category"],
+                  "messages": [{"role": "user", "content": q["turns"][0]}]}
+        if turns == 2 and len(q["turns"]) > 1:
+            record["follow_up"] = q["turns"][1]
+        records.append(record)
+    return records
 
 
 def load_conversations(path: str | Path | None = None) -> list[dict]:

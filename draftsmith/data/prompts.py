@@ -5,8 +5,10 @@ Accepted sources:
   records, or MT-bench-style questions (`{"question_id", "turns": [str, ...]}`, first turn used);
 - a dataset spec dict as accepted by `draftsmith.data.readers.iter_records` (local or hub).
 
-A prompt is `{"prompt_id", "category", "messages"}`: the category is the record's `category`
-(MT-Bench) or `task` (the synthetic corpus), else "all"; results are summarised per category.
+A prompt is `{"prompt_id", "category", "messages"}`, with an optional `follow_up` (MT-Bench's second
+turn, asked after the target's own answer to `messages`; `benchmark.mt_bench.turns: 2`). The category
+is the record's `category` (MT-Bench) or `task` (the synthetic corpus), else "all"; results are
+summarised per category.
 `write_benchmark_prompts` writes the set a benchmark_prompts rule resolves, which every
 benchmark job then reads (`read_benchmark_prompts`).
 """
@@ -94,8 +96,9 @@ def resolve_benchmark_prompts(spec: dict) -> list[dict]:
         from draftsmith.data.mtbench import as_prompt_records, load_questions, select_questions
 
         questions = select_questions(load_questions(spec["path"]), spec["per_category"], spec["seed"])
-        return [{"prompt_id": r["id"], "category": r["category"], "messages": r["messages"]}
-                for r in as_prompt_records(questions)]
+        return [{"prompt_id": r["id"], "category": r["category"], "messages": r["messages"],
+                 **({"follow_up": r["follow_up"]} if "follow_up" in r else {})}
+                for r in as_prompt_records(questions, spec.get("turns", 1))]
     source = spec["path"] if spec["source"] == "heldout" else {k: v for k, v in spec.items() if k != "num_prompts"}
     return load_prompts(source, spec["num_prompts"])
 
@@ -116,6 +119,8 @@ def read_benchmark_prompts(path: str | Path) -> list[dict]:
         if not isinstance(row, dict) or not {"prompt_id", "category", "messages"} <= set(row):
             raise ValueError(f"{path}, line {lineno}: needs fields prompt_id, category and messages; rebuild it "
                              "with `snakemake --forcerun benchmark_prompts`")
+        if not isinstance(row.get("follow_up", ""), str):
+            raise ValueError(f"{path}, line {lineno}: field 'follow_up' must be a string (the next user turn)")
         prompts.append(row)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
