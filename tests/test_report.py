@@ -76,7 +76,11 @@ def write_benchmark(out_dir: Path, variant: str, backend: str, seed: int) -> dic
     summary = write_results(rows, K, out_dir / "per_prompt.csv", out_dir / "summary.json", meta)
     if backend == "vllm":  # the vLLM backend checks outputs against target-only greedy
         summary["methods"]["eagle3_draft"]["lossless"] = True
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    else:  # as the offline backend writes a bf16 run in which two outputs left the greedy one at near-ties
+        gaps = {"1": 0.0, "4": 0.125}
+        summary["methods"]["eagle3_draft"].update(lossless=False, mismatched_prompts=list(gaps), divergences={
+            pid: {"position": 3, "greedy_token": 7, "emitted_token": 9, "logit_gap": gap} for pid, gap in gaps.items()})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
@@ -305,6 +309,7 @@ def test_findings_are_computed_from_the_benchmark(built):
     assert f"vs {fmt(default['prompt_lookup']['acceptance_length'], 2)} with prompt lookup" in line
     assert f"ran at {fmt(default['eagle3_draft']['speedup'], 2)}× the speed of target-only greedy" in line
     assert f"{fmt(default['target_greedy']['tokens_per_s'], 1)} tokens/s on cpu: test (2 cores)" in line
+    assert "differed from target-only greedy on 2 of 6 prompts" in line and "by at most 0.125;" in line
     wide_line = next(x for x in md.splitlines() if x.startswith("- `wide`"))
     assert "prompt lookup" not in wide_line and "matched target-only greedy on every prompt" in wide_line
 

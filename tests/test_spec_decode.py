@@ -177,6 +177,23 @@ def test_generation_stops_at_eos_and_at_max_new_tokens(tiny):
     assert tokenizer.eos_token_id in tiny["stop"]
 
 
+def test_a_divergence_from_greedy_is_located_and_sized(tiny):
+    from draftsmith.benchmark.spec_decode import divergence_gap, first_divergence
+
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    target, ids, reference = tiny["target"], tiny["prompts"][0], tiny["greedy"][0].tokens
+    assert divergence_gap(target, ids, list(reference), reference) is None
+    logits = target.model(torch.tensor([ids + reference[:3]])).logits[0, -1]
+    runner_up = int(logits.topk(2).indices[1])
+    emitted = reference[:3] + [runner_up] + reference[4:]
+    gap = divergence_gap(target, ids, emitted, reference)
+    assert gap["position"] == 3 and (gap["greedy_token"], gap["emitted_token"]) == (reference[3], runner_up)
+    assert gap["logit_gap"] == pytest.approx(float(logits[reference[3]] - logits[runner_up]), abs=1e-5)
+    assert gap["logit_gap"] > 0  # in float32 the greedy token is the argmax
+
+
 def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     from draftsmith.benchmark.offline import run_offline_benchmark
     from draftsmith.training.draft_model import load_draft  # noqa: F401  (the loader the benchmark uses)
@@ -193,7 +210,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     assert summary == json.loads((out / "summary.json").read_text())
     for method in ("prompt_lookup", "untrained_draft", "eagle3_draft"):
         assert summary["methods"][method]["lossless"] is True
-        assert summary["methods"][method]["mismatched_prompts"] == []
+        assert summary["methods"][method]["mismatched_prompts"] == [] and summary["methods"][method]["divergences"] == {}
     assert set(summary["methods"]) == {"target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"}
     assert summary["methods"]["target_greedy"]["acceptance_length"] == 1.0
     methods = summary["methods"]

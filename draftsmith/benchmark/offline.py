@@ -21,6 +21,7 @@ from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
     PromptLookupProposer,
     TargetModel,
+    divergence_gap,
     greedy_decode,
     speculative_decode,
 )
@@ -109,13 +110,14 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     for decode in decoders.values():
         decode(first_ids)
 
-    rows, outputs = [], {m: {} for m in methods}
+    rows, outputs, rendered = [], {m: {} for m in methods}, {}
     queue = list(prompts)
     progress = tqdm(total=len(prompts) + sum("follow_up" in p for p in prompts), desc=f"benchmark {variant}",
                     unit="prompt", mininterval=5)
     while queue:
         prompt = queue.pop(0)
         pid, ids = prompt["prompt_id"], render(prompt["messages"])
+        rendered[pid] = ids
         # Methods alternate within each prompt so that drifting clocks or thermals hit all of them alike.
         for method in methods:
             trace = decoders[method](ids)
@@ -136,13 +138,19 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
 
     # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
     # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
-    lossless, mismatched = {}, {}
+    # Each difference is located and sized (the target's logit gap between its token and the emitted one there),
+    # so that a near-tie is told apart from a decoding error.
+    lossless, mismatched, divergences = {}, {}, {}
     for method in methods[1:]:
         mismatched[method] = [pid for pid, tokens in outputs[method].items() if tokens != outputs[BASELINE][pid]]
         lossless[method] = not mismatched[method]
+        divergences[method] = {pid: divergence_gap(runner, rendered[pid], outputs[method][pid], outputs[BASELINE][pid])
+                               for pid in mismatched[method]}
         if mismatched[method]:
             log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding on %d of %d prompts (%s): %s",
-                      method, len(mismatched[method]), num_prompts, dtype, mismatched[method][:10])
+                      method, len(mismatched[method]), num_prompts, dtype,
+                      ", ".join(f"{pid} at token {d['position']} (logit gap {d['logit_gap']})"
+                                for pid, d in list(divergences[method].items())[:10]))
     meta = {
         "variant": variant,
         "backend": "offline",
@@ -154,7 +162,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "aux_layer_ids": aux_layer_ids,
         "versions": package_versions(),
     }
-    extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m]} for m in lossless}
+    extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m], "divergences": divergences[m]}
+              for m in lossless}
     drafts = {"untrained_draft": untrained if "untrained_draft" in methods else None, "eagle3_draft": trained}
     for method in [m for m in methods if m in drafts]:
         extras[method]["step_costs"] = measure_step_costs(runner, drafts[method], first_ids, k)

@@ -202,7 +202,12 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
             text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, so k = "
                      f"{s.get('num_speculative_tokens')} draft steps per round bound the speedup at {fmt(ideal, 2)}×")
         if draft.get("lossless") is False:
-            text += "; **its output differed from target-only greedy on some prompts**"
+            text += (f"; **its output differed from target-only greedy on {draft['mismatched_prompts']} of "
+                     f"{draft['prompts']} prompts**")
+            gap = draft.get("max_divergence_gap")
+            if gap is not None and pd.notna(gap):
+                text += (f" (where each first differed, the target's logit for its own token exceeded the emitted "
+                         f"token's by at most {fmt(gap, 3)}; 0 is an exact tie)")
         elif draft.get("lossless") is True:
             text += "; its output matched target-only greedy on every prompt"
         lines.append(text + ".")
