@@ -19,7 +19,7 @@ def prompts(n=len(QUESTIONS)):
 
 
 def rows(path):
-    return list(read_jsonl(path))
+    return read_jsonl(path)
 
 
 def test_answers_every_prompt_in_order(tiny_target, tmp_path):

@@ -96,9 +96,7 @@ def resolve_benchmark_prompts(spec: dict) -> list[dict]:
         from draftsmith.data.mtbench import as_prompt_records, load_questions, select_questions
 
         questions = select_questions(load_questions(spec["path"]), spec["per_category"], spec["seed"])
-        return [{"prompt_id": r["id"], "category": r["category"], "messages": r["messages"],
-                 **({"follow_up": r["follow_up"]} if "follow_up" in r else {})}
-                for r in as_prompt_records(questions, spec.get("turns", 1))]
+        return [{"prompt_id": r.pop("id"), **r} for r in as_prompt_records(questions, spec.get("turns", 1))]
     source = spec["path"] if spec["source"] == "heldout" else {k: v for k, v in spec.items() if k != "num_prompts"}
     return load_prompts(source, spec["num_prompts"])
 

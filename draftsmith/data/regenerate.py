@@ -185,8 +185,7 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
     def finished(c: int) -> bool:
         if not paths[c].is_file():
             return False
-        rows = list(read_jsonl(paths[c]))
-        return [r["id"] for r in rows] == [r["id"] for r in chunks[c]]
+        return [r["id"] for r in read_jsonl(paths[c])] == [r["id"] for r in chunks[c]]
 
     todo = [c for c in range(len(chunks)) if not finished(c)]
     if len(todo) < len(chunks):

@@ -72,7 +72,7 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                 "tokens_per_s": m["tokens_per_s"],
                 "speedup": m["speedup"],
                 "lossless": m.get("lossless"),
-                "mismatched_prompts": len(m.get("mismatched_prompts") or []),
+                "mismatched_count": len(m.get("mismatched_prompts") or []),
                 "max_divergence_gap": max((d["logit_gap"] for d in (m.get("divergences") or {}).values()
                                            if d and d.get("logit_gap") is not None), default=None),
                 "cost_ratio": (m.get("step_costs") or {}).get("cost_ratio"),

@@ -202,7 +202,7 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
             text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, so k = "
                      f"{s.get('num_speculative_tokens')} draft steps per round bound the speedup at {fmt(ideal, 2)}×")
         if draft.get("lossless") is False:
-            text += (f"; **its output differed from target-only greedy on {draft['mismatched_prompts']} of "
+            text += (f"; **its output differed from target-only greedy on {draft['mismatched_count']} of "
                      f"{draft['prompts']} prompts**")
             gap = draft.get("max_divergence_gap")
             if gap is not None and pd.notna(gap):
