@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
@@ -58,7 +58,7 @@ def tiny(tmp_path_factory):
                for p in load_prompts(root / "heldout.jsonl", 5)]
     model = AutoModelForCausalLM.from_pretrained(target_dir, attn_implementation="sdpa").eval()
     target = TargetModel(model, AUX)
-    assert target._own_mask  # verification steps take the cheaper causal-mask path; the tests cover it
+    assert target.static  # full-attention SDPA: the static KV cache (the path CUDA graphs capture) is tested here
     untrained = build_draft(TargetSpec(str(target_dir)), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=0).eval()
     trained = build_draft(TargetSpec(str(target_dir)), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=1)
     train_step0(trained, target, sequences[:48], steps=80)
@@ -78,7 +78,7 @@ def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: i
     data = []
     for ids in sequences:
         with torch.inference_mode():
-            logits, aux = target.forward(torch.tensor([ids]), DynamicCache(), keep=len(ids), with_aux=True)
+            logits, aux = target.start(ids, capacity=len(ids), with_aux=True, keep=len(ids))
         labels = logits.argmax(-1)[1:]
         labels = torch.where(draft.t2d[labels], draft_index[labels], -100)
         data.append((torch.tensor([ids[1:]]), aux[:, :-1].clone(), labels.clone()))
@@ -87,7 +87,7 @@ def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: i
     draft.train()
     for step in range(steps):
         tokens, aux, labels = data[step % len(data)]
-        hidden = draft_layers_forward(draft, tokens, draft.fc(aux), first_position=1, cache=None)
+        hidden = draft_layers_forward(draft, tokens, draft.fc(aux), first_slot=None, cache=None)
         loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(hidden))[0], labels, ignore_index=-100)
         opt.zero_grad()
         loss.backward()
@@ -123,7 +123,7 @@ def test_draft_chain_matches_speculators_training_forward(tiny):
     proposer = Eagle3Proposer(draft)
     for t in [0, 1, 7, 64, 127]:
         with torch.inference_mode():
-            proposer.start(input_ids[0, : t + 1], aux[:, : t + 1])
+            proposer.start(input_ids[0, : t + 1], aux[:, : t + 1], capacity=t + 4)
             chain = proposer.propose([], 3).tolist()
         expected = [int(r[0, t] + d2t[r[0, t]]) for r in reference]
         assert chain == expected, f"position {t}"
@@ -151,6 +151,59 @@ def test_speculative_decoding_is_lossless(tiny, method, k):
         assert greedy.target_forwards == len(greedy.tokens) and greedy.proposed == []
         trace = speculative_decode(target, proposers[method](), ids, k, MAX_NEW, stop)
         _check_trace(trace, greedy, k)
+
+
+def test_a_target_without_full_attention_sdpa_decodes_through_transformers_cache_alike(tiny):
+    """A target whose masks draftsmith cannot build (here: eager attention) decodes with transformers' DynamicCache
+    instead of the static cache; both paths give the same tokens and the same acceptance."""
+    eager = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="eager").eval()
+    dynamic = TargetModel(eager, AUX)
+    assert not dynamic.static and tiny["target"].static
+    stop = tiny["stop"]
+    for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
+        assert greedy_decode(dynamic, ids, MAX_NEW, stop).tokens == greedy.tokens
+        static = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        other = speculative_decode(dynamic, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        assert other.tokens == greedy.tokens and other.accepted == static.accepted
+    with pytest.raises(ValueError, match="CUDA graphs need"):
+        TargetModel(tiny["target"].model, AUX, cuda_graphs=True)  # on the CPU
+
+
+def test_one_runner_decodes_prompts_longer_than_its_cache_so_far(tiny):
+    """The static caches grow (and drop their captured steps) when a longer sequence comes: the same runner and
+    proposer then decode a short prompt, a long one and the short one again exactly as fresh ones do."""
+    target, stop = tiny["target"], tiny["stop"]
+    short = tiny["prompts"][0]
+    long = (short * 400)[:300]
+    proposer = Eagle3Proposer(tiny["trained"])
+    first = speculative_decode(target, proposer, short, 3, MAX_NEW, stop)
+    sizes = (target.cache.max_length, proposer.cache.max_length)
+    traces = [speculative_decode(target, proposer, ids, 3, MAX_NEW, stop) for ids in (long, short)]
+    assert target.cache.max_length > sizes[0] >= len(short) + MAX_NEW and proposer.cache.max_length > sizes[1]
+    assert traces[0].tokens == greedy_decode(TargetModel(target.model, AUX), long, MAX_NEW, stop).tokens
+    assert traces[1].tokens == first.tokens and traces[1].accepted == first.accepted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
+def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
+    """On a GPU, in float32: every method with its steps replayed as CUDA graphs gives the same tokens and the
+    same accepted drafts as the same loops run eagerly."""
+    model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
+    eager, graphed = TargetModel(model, AUX), TargetModel(model, AUX, cuda_graphs=True)
+    drafts = {name: tiny[name].to("cuda") for name in ("untrained", "trained")}
+    stop = tiny["stop"]
+    for ids in tiny["prompts"]:
+        assert greedy_decode(graphed, ids, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
+        for draft in drafts.values():
+            a = speculative_decode(eager, Eagle3Proposer(draft), ids, 3, MAX_NEW, stop)
+            b = speculative_decode(graphed, Eagle3Proposer(draft, cuda_graphs=True), ids, 3, MAX_NEW, stop)
+            assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
+        a = speculative_decode(eager, PromptLookupProposer(3, eager.device), ids, 3, MAX_NEW, stop)
+        b = speculative_decode(graphed, PromptLookupProposer(3, graphed.device), ids, 3, MAX_NEW, stop)
+        assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
+    assert len(graphed.graphs.steps) >= 2  # the one-token step and at least one verification width
+    for name in drafts:
+        tiny[name].to("cpu")
 
 
 def test_training_buys_acceptance(tiny):
@@ -202,7 +255,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
            "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
-           "dtype": "float32", "seed": 0, "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
+           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
     out = tiny["root"] / "bench"
     summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
@@ -257,7 +310,7 @@ def test_mt_bench_second_turn_follows_the_targets_own_answer(tiny):
     prompts = resolve_benchmark_prompts(spec)[:2]
     assert all(isinstance(p["follow_up"], str) and p["follow_up"] for p in prompts)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 8, "temperature": 0.0, "batch_size": 1,
-           "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32", "seed": 0,
+           "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32", "seed": 0, "cuda_graphs": "auto",
            "methods": ["target_greedy", "eagle3_draft"]}
     out = tiny["root"] / "bench_turns"
     summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg,

@@ -22,6 +22,7 @@ from draftsmith.benchmark.spec_decode import (
     PromptLookupProposer,
     TargetModel,
     divergence_gap,
+    full_attention_sdpa,
     greedy_decode,
     speculative_decode,
 )
@@ -47,6 +48,16 @@ def check_settings(cfg: dict) -> None:
     for key in ("num_speculative_tokens", "max_new_tokens"):
         if int(cfg[key]) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
+
+
+def use_cuda_graphs(setting, model, device: torch.device) -> bool:
+    """benchmark.cuda_graphs: auto is on for a CUDA device and a full-attention SDPA target."""
+    possible = device.type == "cuda" and full_attention_sdpa(model)
+    if setting is True and not possible:
+        raise ValueError(f"benchmark.cuda_graphs: true needs a CUDA device and a full-attention SDPA target; "
+                         f"here the device is {device} and the target's attention is "
+                         f"{getattr(model.config, '_attn_implementation', None)} (sliding windows count against it)")
+    return possible if setting == "auto" else bool(setting)
 
 
 def draft_aux_layer_ids(draft, num_layers: int) -> list[int]:
@@ -87,20 +98,23 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     methods = [m for m in METHODS if m in cfg["methods"]]
     if "untrained_draft" in methods:
         untrained = untrained_like(trained, target, aux_layer_ids, k, seed).to(device=device, dtype=dtype).eval()
-    runner = TargetModel(model, aux_layer_ids)
+    graphs = use_cuda_graphs(cfg["cuda_graphs"], model, device)
+    log.info("decoding steps %s", "replayed as CUDA graphs over a static KV cache" if graphs else "run eagerly")
+    runner = TargetModel(model, aux_layer_ids, cuda_graphs=graphs)
     stop_ids = stop_token_ids(tokenizer, model)
     ngram = int(cfg["prompt_lookup_ngram"])
 
-    all_decoders = {
-        "target_greedy": lambda ids: greedy_decode(runner, ids, max_new_tokens, stop_ids),
-        "prompt_lookup": lambda ids: speculative_decode(runner, PromptLookupProposer(ngram, device), ids, k,
-                                                        max_new_tokens, stop_ids),
-        "untrained_draft": lambda ids: speculative_decode(runner, Eagle3Proposer(untrained), ids, k, max_new_tokens,
-                                                          stop_ids),
-        "eagle3_draft": lambda ids: speculative_decode(runner, Eagle3Proposer(trained), ids, k, max_new_tokens,
-                                                       stop_ids),
-    }
-    decoders = {m: all_decoders[m] for m in methods}
+    proposers = {"prompt_lookup": PromptLookupProposer(ngram, device),
+                 "eagle3_draft": Eagle3Proposer(trained, cuda_graphs=graphs)}
+    if "untrained_draft" in methods:
+        proposers["untrained_draft"] = Eagle3Proposer(untrained, cuda_graphs=graphs)
+
+    def decoder(method: str):
+        if method == BASELINE:
+            return lambda ids: greedy_decode(runner, ids, max_new_tokens, stop_ids)
+        return lambda ids: speculative_decode(runner, proposers[method], ids, k, max_new_tokens, stop_ids)
+
+    decoders = {m: decoder(m) for m in methods}
 
     def render(messages):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -160,13 +174,13 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "num_prompts": num_prompts,
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
+        "cuda_graphs": graphs,
         "versions": package_versions(),
     }
     extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m], "divergences": divergences[m]}
               for m in lossless}
-    drafts = {"untrained_draft": untrained if "untrained_draft" in methods else None, "eagle3_draft": trained}
-    for method in [m for m in methods if m in drafts]:
-        extras[method]["step_costs"] = measure_step_costs(runner, drafts[method], first_ids, k)
+    for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:
+        extras[method]["step_costs"] = measure_step_costs(runner, proposers[method], first_ids, k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras)
     for method, stats in summary["methods"].items():
         log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx", method, stats["acceptance_length"],

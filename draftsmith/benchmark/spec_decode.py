@@ -19,6 +19,7 @@ verified context and to its own chain. Draft token d maps to target token d + d2
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from draftsmith.benchmark.cuda_graphs import StaticKV, StepGraphs, grown_length, positions_and_mask
 from draftsmith.target_model.layers import find_decoder, text_config
 
 
@@ -82,10 +84,26 @@ def causal_mask(past: int, q: int, device) -> torch.Tensor:
     return (keys[None, :] <= keys[past:, None]).view(1, 1, q, past + q)
 
 
-class TargetModel:
-    """A Hugging Face causal LM run with a KV cache, capturing the inputs of the auxiliary decoder layers."""
+def full_attention_sdpa(model) -> bool:
+    """Whether every layer attends to the whole prefix through SDPA: then draftsmith builds the masks itself
+    and can keep the KV cache static (no sliding windows, whose masks transformers must build)."""
+    config = text_config(model.config)
+    return (getattr(model.config, "_attn_implementation", None) == "sdpa"
+            and not getattr(config, "sliding_window", None)
+            and "sliding_attention" not in (getattr(config, "layer_types", None) or []))
 
-    def __init__(self, model, aux_layer_ids: list[int] | None = None):
+
+class TargetModel:
+    """A Hugging Face causal LM decoding one sequence at a time with a KV cache, capturing the inputs of the
+    auxiliary decoder layers.
+
+    For full-attention SDPA models the cache is static (`StaticKV`, its own masks) and, with `cuda_graphs`,
+    every step of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph; other models decode eagerly
+    with transformers' DynamicCache. Both give the same tokens (tests/test_spec_decode.py)."""
+
+    MAX_GRAPH_WIDTH = 16  # wider calls (prompts) run eagerly
+
+    def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False):
         self.model = model
         self.device = next(model.parameters()).device
         self.aux_layer_ids = list(aux_layer_ids or [])
@@ -95,12 +113,14 @@ class TargetModel:
         for layer_id in self.aux_layer_ids:
             decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        # Building the causal mask of a multi-token verification step ourselves is measurably cheaper
-        # than transformers' mask functions (which pass a 4D mask through); only for full-attention SDPA.
-        config = text_config(model.config)
-        self._own_mask = (getattr(model.config, "_attn_implementation", None) == "sdpa"
-                          and not getattr(config, "sliding_window", None)
-                          and "sliding_attention" not in (getattr(config, "layer_types", None) or []))
+        self.static = full_attention_sdpa(model)
+        if cuda_graphs and not (self.static and self.device.type == "cuda"):
+            raise ValueError("CUDA graphs need a CUDA device and a full-attention SDPA target "
+                             f"(here {self.device.type}, static cache {self.static})")
+        self.graphs = StepGraphs(cuda_graphs)
+        self.cache: StaticKV | DynamicCache | None = None
+        self.length = 0  # positions in the cache
+        self._length = torch.zeros(1, dtype=torch.long, device=self.device)  # the same, for captured steps
 
     def _hook(self, layer_id: int):
         def hook(_module, args, kwargs):
@@ -109,23 +129,66 @@ class TargetModel:
 
         return hook
 
-    def forward(self, input_ids: torch.Tensor, cache: DynamicCache, keep: int, with_aux: bool = False):
-        """Run `input_ids` [1, q] after the cached prefix.
+    def start(self, prompt_ids: list[int], capacity: int, with_aux: bool = False, keep: int = 1):
+        """A new sequence: run the prompt; the cache holds `capacity` positions in all.
+        Returns the last `keep` positions' logits and, with `with_aux`, the prompt's auxiliary states."""
+        if not self.static:
+            self.cache = DynamicCache()
+        elif self.cache is None or capacity > self.cache.max_length:
+            self.cache = StaticKV(grown_length(capacity))
+            self.graphs.clear()  # they address the old buffers
+        self.length = 0
+        return self.forward(torch.tensor([prompt_ids], device=self.device), keep=keep, with_aux=with_aux)
 
-        Returns the logits of the last `keep` positions and, with `with_aux`, the auxiliary states [1, q, 3H]."""
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on."""
+        if not self.static:
+            self.cache.crop(length)
+        self.length = length
+
+    def forward(self, input_ids: torch.Tensor, keep: int, with_aux: bool = False):
+        """Run `input_ids` [1, q] after the cached positions.
+
+        Returns the logits of the last `keep` positions and, with `with_aux`, the auxiliary states [1, q, 3H].
+        A captured step's outputs are overwritten by its next replay: use them before the next forward."""
         if with_aux and not self.aux_layer_ids:
             raise ValueError("this TargetModel was built without auxiliary layer ids")
-        self._captured.clear()
-        self._capturing = with_aux
-        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
-        past, q = cache.get_seq_length(), input_ids.shape[1]
-        if self._own_mask and past and q > 1:
-            extra["attention_mask"] = causal_mask(past, q, input_ids.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
+        q = input_ids.shape[1]
+        if not self.static:
+            out = self._step_dynamic(input_ids, keep, with_aux)
+        else:
+            if self.length + q > self.cache.max_length:
+                raise ValueError(f"the KV cache holds {self.cache.max_length} positions; {self.length} + {q} asked for")
+            self._length.fill_(self.length)
+            step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
+            if q <= self.MAX_GRAPH_WIDTH:
+                out = self.graphs.run((q, keep, with_aux), step, input_ids)
+            else:
+                out = step(input_ids)
+        self.length += q
+        return out
+
+    def _outputs(self, out, keep: int, with_aux: bool):
         self._capturing = False
         logits = out.logits[0, -keep:]
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if with_aux else None
         return logits, aux
+
+    def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+        self._captured.clear()
+        self._capturing = with_aux
+        positions, mask = positions_and_mask(self._length, input_ids.shape[1], self.cache.max_length)
+        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
+                         cache_position=positions, past_key_values=self.cache, use_cache=True, **extra)
+        return self._outputs(out, keep, with_aux)
+
+    def _step_dynamic(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+        self._captured.clear()
+        self._capturing = with_aux
+        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **extra)
+        return self._outputs(out, keep, with_aux)
 
 
 @torch.inference_mode()
@@ -134,15 +197,14 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
     device = target.device
     synchronize(device)
     start = time.perf_counter()
-    cache = DynamicCache()
-    logits, _ = target.forward(torch.tensor([prompt_ids], device=device), cache, keep=1)
+    logits, _ = target.start(prompt_ids, capacity=len(prompt_ids) + max_new_tokens)
     tokens: list[int] = []
     while True:
         next_token = logits[-1].argmax()
         tokens.append(int(next_token))  # the host must see each token to apply the stopping rule
         if _done(tokens, tokens[-1:], max_new_tokens, stop_ids):
             break
-        logits, _ = target.forward(next_token.view(1, 1), cache, keep=1)
+        logits, _ = target.forward(next_token.view(1, 1), keep=1)
     synchronize(device)
     return Trace(tokens=tokens, target_forwards=len(tokens), seconds=time.perf_counter() - start)
 
@@ -156,20 +218,19 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     device = target.device
     synchronize(device)
     start = time.perf_counter()
-    cache = DynamicCache()
+    capacity = len(prompt_ids) + max_new_tokens + k + 1  # the last round may verify k tokens past the limit
+    logits, aux = target.start(prompt_ids, capacity, with_aux=proposer.needs_aux)
     prompt = torch.tensor(prompt_ids, device=device)
-    logits, aux = target.forward(prompt.view(1, -1), cache, keep=1, with_aux=proposer.needs_aux)
     last = logits[-1].argmax().view(1)
     tokens = [int(last)]
     trace = Trace(tokens=tokens, target_forwards=1)
     context = list(prompt_ids) + tokens  # host copy for n-gram lookup
-    proposer.start(torch.cat([prompt[1:], last]), aux)
+    proposer.start(torch.cat([prompt[1:], last]), aux, capacity)
     done = _done(tokens, tokens, max_new_tokens, stop_ids)
     while not done:
         draft = proposer.propose(context, k)
         m = int(draft.shape[0])
-        logits, aux = target.forward(torch.cat([last, draft]).view(1, -1), cache, keep=m + 1,
-                                     with_aux=proposer.needs_aux)
+        logits, aux = target.forward(torch.cat([last, draft]).view(1, -1), keep=m + 1, with_aux=proposer.needs_aux)
         trace.target_forwards += 1
         verified = logits.argmax(-1)  # [m + 1]: the target's token after each input position
         both = torch.cat([draft, verified]).tolist()  # the one host sync of the round
@@ -182,7 +243,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
         trace.accepted.append(accepted)
         tokens += new
         context += new
-        cache.crop(len(prompt_ids) + len(tokens) - 1)  # keep everything but the bonus token
+        target.rewind(len(prompt_ids) + len(tokens) - 1)  # keep everything but the bonus token
         last = verified[accepted : accepted + 1]
         proposer.accept(verified[: accepted + 1], aux[:, : accepted + 1] if aux is not None else None)
         done = _done(tokens, new, max_new_tokens, stop_ids)
@@ -208,8 +269,8 @@ def divergence_gap(target: TargetModel, prompt_ids: list[int], tokens: list[int]
     i = first_divergence(tokens, reference)
     if i is None or i >= len(tokens) or i >= len(reference):
         return None if i is None else {"position": i, "greedy_token": None, "emitted_token": None, "logit_gap": None}
-    logits, _ = target.forward(torch.tensor([list(prompt_ids) + reference[:i]], device=target.device), DynamicCache(),
-                               keep=1)
+    context = list(prompt_ids) + reference[:i]
+    logits, _ = target.start(context, capacity=len(context))
     row = logits[-1].float()
     return {"position": i, "greedy_token": reference[i], "emitted_token": tokens[i],
             "logit_gap": float(row[reference[i]] - row[tokens[i]])}
@@ -240,7 +301,7 @@ class PromptLookupProposer:
         self.max_ngram = max_ngram
         self.device = device
 
-    def start(self, next_tokens, aux) -> None:
+    def start(self, next_tokens, aux, capacity: int) -> None:
         pass
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
@@ -257,61 +318,79 @@ def use_sdpa(draft) -> None:
         layer.self_attn.config._attn_implementation = "sdpa"
 
 
-def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, first_position: int,
-                         cache: DynamicCache | None) -> torch.Tensor:
-    """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) at
-    position ids first_position.. after the cached entries; causal within the n new entries.
+def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, first_slot: torch.Tensor | None,
+                         cache: StaticKV | None) -> torch.Tensor:
+    """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) written at cache
+    slots first_slot.. (a device scalar [1]), at position ids one more than the slots (EAGLE-3's shift); each
+    attends to the cache's slots before it. Without a cache: slots 0..n-1, causal among themselves.
     Returns the last layer's output before `norm` ([1, n, H])."""
     n = token_ids.shape[1]
-    past = cache.get_seq_length() if cache is not None else 0
-    device = hidden.device
-    position_ids = torch.arange(first_position, first_position + n, device=device).unsqueeze(0)
-    cache_position = torch.arange(past, past + n, device=device)
-    # SDPA's is_causal would align the causal mask top-left, wrong after a cached prefix
-    mask = causal_mask(past, n, device) if n > 1 else None
+    if cache is None:
+        slots = torch.arange(n, device=hidden.device)
+        mask = causal_mask(0, n, hidden.device) if n > 1 else None
+    else:
+        slots, mask = positions_and_mask(first_slot, n, cache.max_length)
+    position_ids = (slots + 1).unsqueeze(0)
     states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
     position_embeddings = draft.rotary_emb(states, position_ids)
     for layer in draft.layers:
         states = layer(states, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                       use_cache=cache is not None, cache_position=cache_position,
-                       position_embeddings=position_embeddings)
+                       use_cache=cache is not None, cache_position=slots, position_embeddings=position_embeddings)
     return states
 
 
 class Eagle3Proposer:
     """Chain drafts from a speculators Eagle3DraftModel fed with the target's auxiliary hidden states.
 
-    The draft's KV cache holds one entry per verified position (step 0, target states); the
-    chain entries of a round are cropped away before the next round adds the new verified ones.
+    The draft's static KV cache holds one entry per verified position (step 0, target states); a round's
+    chain entries sit after them and are overwritten by the next round's verified ones. A round (the newly
+    verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay.
     """
 
     needs_aux = True
 
-    def __init__(self, draft):
+    def __init__(self, draft, cuda_graphs: bool = False):
         use_sdpa(draft)
         self.draft = draft
+        self.graphs = StepGraphs(cuda_graphs)
+        self.cache: StaticKV | None = None
+        device = next(draft.parameters()).device
+        self._verified = torch.zeros(1, dtype=torch.long, device=device)  # first free slot, for captured rounds
 
-    def start(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
-        """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last."""
-        self.cache = DynamicCache()
-        self.verified = 0  # step-0 entries in the cache = position id of the last one
+    def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, capacity: int) -> None:
+        """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last; the cache
+        holds `capacity` positions."""
+        if self.cache is None or capacity > self.cache.max_length:
+            self.cache = StaticKV(grown_length(capacity))
+            self.graphs.clear()
+        self.verified = 0  # step-0 entries in the cache
         self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
-        draft = self.draft
-        self.cache.crop(self.verified)
         n = self.pending_tokens.shape[1]
-        states = draft_layers_forward(draft, self.pending_tokens, draft.fc(self.pending_aux), self.verified + 1,
-                                      self.cache)
+        if self.verified + n + k > self.cache.max_length:
+            raise ValueError(f"the draft's KV cache holds {self.cache.max_length} positions; "
+                             f"{self.verified} + {n} + {k} asked for")
+        self._verified.fill_(self.verified)
+        draft_round = functools.partial(self._round, k=k)
+        if n <= k + 1:  # a round after a verification; the prompt's runs eagerly
+            drafted = self.graphs.run((n, k), draft_round, self.pending_tokens, self.pending_aux)
+        else:
+            drafted = draft_round(self.pending_tokens, self.pending_aux)
         self.verified += n
-        hidden = states[:, -1:]
+        return drafted
+
+    def _round(self, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> torch.Tensor:
+        draft = self.draft
+        n = tokens.shape[1]
+        hidden = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)[:, -1:]
         drafted = []
         for step in range(k):
             token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [1, 1], draft vocabulary
             token = token + draft.d2t[token]
             drafted.append(token)
             if step + 1 < k:
-                hidden = draft_layers_forward(draft, token, hidden, self.verified + 1 + step, self.cache)
+                hidden = draft_layers_forward(draft, token, hidden, self._verified + n + step, self.cache)
         return torch.cat(drafted, dim=-1).view(-1)
 
     def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:

@@ -13,7 +13,6 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache
 
 from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
 
@@ -33,35 +32,35 @@ def _median_ms(fn, device, repeats: int = REPEATS) -> float:
 
 
 @torch.inference_mode()
-def measure_step_costs(target: TargetModel, draft, prompt_ids: list[int], k: int) -> dict:
+def measure_step_costs(target: TargetModel, proposer: Eagle3Proposer, prompt_ids: list[int], k: int) -> dict:
     """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft
-    step (a draft round of k steps / k, one newly verified position per round) after `prompt_ids`."""
-    device = target.device
-    cache = DynamicCache()
-    prompt = torch.tensor(prompt_ids, device=device)
-    logits, aux = target.forward(prompt.view(1, -1), cache, keep=1, with_aux=True)
+    step (a draft round of k steps / k, one newly verified position per round) after `prompt_ids`,
+    run the way the decoding loops run them (CUDA graphs where the target and proposer use them)."""
+    room = REPEATS + 2 + k + 1  # draft rounds each add one verified position
+    logits, aux = target.start(prompt_ids, capacity=len(prompt_ids) + room, with_aux=True)
     token = logits[-1].argmax().view(1, 1)
-    cached = cache.get_seq_length()
+    cached = target.length
 
     def target_step():
-        target.forward(token, cache, keep=1)[0].argmax().item()
-        cache.crop(cached)
+        target.forward(token, keep=1)[0].argmax().item()
+        target.rewind(cached)
 
     def verify_step():
-        target.forward(token.repeat(1, k + 1), cache, keep=k + 1, with_aux=True)[0].argmax(-1).tolist()
-        cache.crop(cached)
+        target.forward(token.repeat(1, k + 1), keep=k + 1, with_aux=True)[0].argmax(-1).tolist()
+        target.rewind(cached)
 
-    proposer = Eagle3Proposer(draft)
-    proposer.start(torch.cat([prompt[1:], token.view(1)]), aux)
+    aux_prompt, aux_last = aux.clone(), aux[:, -1:].clone()  # the target's outputs are rewritten by its steps
+    prompt = torch.tensor(prompt_ids, device=target.device)
+    proposer.start(torch.cat([prompt[1:], token.view(1)]), aux_prompt, len(prompt_ids) + room)
     context = list(prompt_ids) + [int(token)]
     proposer.propose(context, k)  # consumes the prompt's states; each round below adds one position
 
     def draft_round():
-        proposer.accept(token.view(1), aux[:, -1:])
+        proposer.accept(token.view(1), aux_last)
         proposer.propose(context, k).tolist()
 
-    target_ms = _median_ms(target_step, device)
-    verify_ms = _median_ms(verify_step, device)
-    draft_ms = _median_ms(draft_round, device) / k
+    target_ms = _median_ms(target_step, target.device)
+    verify_ms = _median_ms(verify_step, target.device)
+    draft_ms = _median_ms(draft_round, target.device) / k
     return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
             "cost_ratio": draft_ms / target_ms}

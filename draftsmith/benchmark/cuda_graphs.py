@@ -1,0 +1,93 @@
+"""Fixed-address decoding state for batch-1 loops: a static KV cache and CUDA-graph replay.
+
+At batch 1 an eager decode step of a small model is launch-bound: hundreds of kernel launches from
+Python cost far more than the kernels. A step whose tensors all live at fixed addresses (the KV cache
+preallocated, the write position a device scalar, the mask computed on the device) can be captured
+once as a CUDA graph and replayed with one launch. The same step functions run eagerly on the CPU,
+so the tests check the captured code's arithmetic there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class StaticKV:
+    """A preallocated KV cache for Hugging Face attention layers (their `update(key, value, layer_idx, kwargs)`),
+    written at `cache_kwargs["cache_position"]`; always returns the whole buffers, so the caller's attention mask
+    must hide every slot past the sequence (stale entries of a rewound step stay there until overwritten)."""
+
+    def __init__(self, max_length: int):
+        self.max_length = max_length
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None):
+        if layer_idx not in self.keys:
+            shape = (*key.shape[:2], self.max_length, key.shape[3])
+            self.keys[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=key.device)
+            self.values[layer_idx] = torch.zeros(shape, dtype=value.dtype, device=value.device)
+        position = cache_kwargs["cache_position"]
+        self.keys[layer_idx].index_copy_(2, position, key)
+        self.values[layer_idx].index_copy_(2, position, value)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+def positions_and_mask(length: torch.Tensor, q: int, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions length..length+q-1 ([q]) of q new tokens after `length` cached ones (a device scalar [1]) and
+    their boolean SDPA mask over the whole static cache ([1, 1, q, max_length], True = attend)."""
+    positions = length + torch.arange(q, device=length.device)
+    keys = torch.arange(max_length, device=length.device)
+    return positions, (keys[None, :] <= positions[:, None]).view(1, 1, q, max_length)
+
+
+def grown_length(needed: int, current: int = 0, granule: int = 256) -> int:
+    """A cache length that holds `needed` positions: the current one, or `needed` rounded up to a granule
+    (graphs are captured for one cache length, so it grows in steps rather than per sequence)."""
+    if needed <= current:
+        return current
+    return -(-needed // granule) * granule
+
+
+class CapturedStep:
+    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs`; calling it copies new inputs
+    (same shapes) in and replays. Its outputs are static too: read or copy them before the next replay."""
+
+    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor]):
+        self.inputs = [x.clone() for x in example_inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the graph (lazy initialisation, kernel selection)
+            for _ in range(2):
+                fn(*self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = fn(*self.inputs)
+
+    def __call__(self, *inputs: torch.Tensor):
+        for static, x in zip(self.inputs, inputs):
+            static.copy_(x)
+        self.graph.replay()
+        return self.outputs
+
+
+class StepGraphs:
+    """Captured steps keyed by their shape; `run` captures on a key's first call, or runs `fn` eagerly when off."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.steps: dict = {}
+
+    def run(self, key, fn: Callable, *inputs: torch.Tensor):
+        if not self.enabled:
+            return fn(*inputs)
+        if key not in self.steps:
+            # the warm-up runs `fn` for real, so steps must be idempotent: state writes at positions the inputs set
+            self.steps[key] = CapturedStep(fn, list(inputs))
+        return self.steps[key](*inputs)
+
+    def clear(self) -> None:
+        self.steps.clear()

@@ -1,0 +1,78 @@
+"""Decoding speed with and without CUDA graphs: the offline benchmark's loops, eager vs replayed, same run.
+
+Runs draftsmith's offline benchmark twice in one process on the same prompts, target and trained draft
+(`benchmark.cuda_graphs` false, then true) and tabulates tokens/s, speedup over target-only greedy,
+acceptance length and the cost ratio c for each. GPU only (CUDA graphs).
+
+    python perf/decode_speed.py --results results-gpu --num-prompts 8 --table perf/results/decode_speed.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from draftsmith.benchmark.offline import run_offline_benchmark  # noqa: E402
+from draftsmith.config.workflow import section_defaults  # noqa: E402
+from draftsmith.data.prompts import read_benchmark_prompts  # noqa: E402
+from draftsmith.io import write_text  # noqa: E402
+from draftsmith.target_model.spec import TargetSpec  # noqa: E402
+from draftsmith.training.draft_model import resolve_num_speculative_tokens  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results", required=True, help="a finished results tree (target/, draft/<variant>/, benchmark/)")
+    ap.add_argument("--variant", default="default")
+    ap.add_argument("--target", default=None, help="target model (default: the tree's embedded target/)")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--table", default="perf/results/decode_speed.md")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("decode_speed.py compares CUDA-graph replay with eager steps: it needs a CUDA device")
+    results = Path(args.results)
+    draft_dir = results / "draft" / args.variant
+    prompts_file = results / "benchmark" / "prompts.jsonl"
+    if not (draft_dir / "config.json").is_file() or not prompts_file.is_file():
+        sys.exit(f"{results}: no trained draft or benchmark prompts; run the workflow first (perf/gpu_suite.sh pipeline)")
+    target = TargetSpec(args.target or str(results / "target"))
+    prompts = read_benchmark_prompts(str(prompts_file))[: args.num_prompts]
+    cfg = {**section_defaults("benchmark"), "device": "cuda", "dtype": "bfloat16", "max_new_tokens": args.max_new_tokens,
+           "methods": ["target_greedy", "prompt_lookup", "eagle3_draft"]}
+    cfg["num_speculative_tokens"] = resolve_num_speculative_tokens("auto", draft_dir)
+    summaries = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for graphs in (False, True):
+            name = "CUDA graphs" if graphs else "eager"
+            summaries[name] = run_offline_benchmark(target, str(draft_dir), prompts, {**cfg, "cuda_graphs": graphs},
+                                                    Path(tmp) / f"{name}.csv", Path(tmp) / f"{name}.json", args.variant)
+    k = cfg["num_speculative_tokens"]
+    lines = [f"Offline benchmark loops, eager vs CUDA graphs, {len(prompts)} prompts of {prompts_file}, "
+             f"{args.max_new_tokens} new tokens at most, k = {k}, bf16, batch 1, on {torch.cuda.get_device_name(0)}; "
+             f"{time.strftime('%Y-%m-%d')}.", "",
+             "| steps | method | acceptance length | tokens/s | speedup | c | tau / (1 + k c) | graphs vs eager |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, summary in summaries.items():
+        for method, stats in summary["methods"].items():
+            costs = stats.get("step_costs")
+            bound = f"{costs['cost_ratio']:.3f} | {stats['ideal_speedup']:.2f}" if costs else " | "
+            ratio = stats["tokens_per_s"] / summaries["eager"]["methods"][method]["tokens_per_s"]
+            lines.append(f"| {name} | {method} | {stats['acceptance_length']:.2f} | {stats['tokens_per_s']:.1f} | "
+                         f"{stats['speedup']:.2f} | {bound} | {ratio:.2f} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    write_text(args.table, table)
+    write_text(Path(args.table).with_suffix(".json"), json.dumps(summaries, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
