@@ -4,6 +4,7 @@
 #   perf/gpu_suite.sh perf       # extraction throughput (reference preset) and training throughput vs speculators' recipe
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
+#   perf/gpu_suite.sh decode     # the offline benchmark's loops eager vs CUDA graphs on the draft `pipeline` left
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
@@ -65,6 +66,10 @@ smollm2)
 training)  # on the shards an earlier `pipeline` call left in results-gpu: >= 100 optimizer steps per run
   python3 perf/training_throughput.py --results results-gpu --min-steps "${MIN_STEPS:-100}" --total-seq-length "${TOTAL_SEQ:-8192}" \
     --table "$OUT/training.md" 2>&1 | tail -n 30
+  ;;
+decode)  # eager vs CUDA-graph decoding loops on the draft an earlier `pipeline` call left in results-gpu
+  python3 perf/decode_speed.py --results results-gpu --num-prompts "${NUM_PROMPTS:-6}" --table "$OUT/decode_speed.md" \
+    2>&1 | tail -n 12
   ;;
 perf)
   python3 perf/extraction_throughput.py --preset reference --device cuda --out-dir /tmp/extract-bench --table "$OUT/extraction.md"
