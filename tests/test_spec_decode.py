@@ -202,6 +202,20 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
         b = speculative_decode(graphed, PromptLookupProposer(3, graphed.device), ids, 3, MAX_NEW, stop)
         assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
     assert len(graphed.graphs.steps) >= 2  # the one-token step and at least one verification width
+    # captured up front (as the benchmark's warm-up does), decoding captures nothing more inside the timed loops
+    fresh, proposer = TargetModel(model, AUX, cuda_graphs=True), Eagle3Proposer(drafts["trained"], cuda_graphs=True)
+    fresh.reserve(1024)
+    fresh.capture_steps(tiny["prompts"][0], 3)
+    proposer.reserve(1024)
+    proposer.capture_rounds(3)
+    steps = lambda: {key for key in fresh.graphs.steps if key[0] <= 4}  # noqa: E731 (prompts run eagerly or apart)
+    captured = (steps(), set(proposer.graphs.steps))
+    assert len(captured[0]) == 8 and len(captured[1]) == 4
+    for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
+        assert speculative_decode(fresh, proposer, ids, 3, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
+        speculative_decode(fresh, PromptLookupProposer(3, fresh.device), ids, 3, MAX_NEW, stop)
+        greedy_decode(fresh, ids, MAX_NEW, stop)
+    assert (steps(), set(proposer.graphs.steps)) == captured
     for name in drafts:
         tiny[name].to("cpu")
 

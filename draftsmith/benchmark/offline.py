@@ -123,6 +123,18 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     log.info("warm-up: every method once on prompt %s", prompts[0]["prompt_id"])
     for decode in decoders.values():
         decode(first_ids)
+    if graphs:  # caches sized for the longest prompt (a second turn adds an answer), every step shape captured
+        longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
+        capacity = longest + 2 * max_new_tokens + k + 1 + 64
+        runner.reserve(capacity)
+        runner.capture_steps(first_ids, k)
+        for proposer in proposers.values():
+            if isinstance(proposer, Eagle3Proposer):
+                proposer.reserve(capacity)
+                proposer.capture_rounds(k)
+        log.info("captured %d target steps and %s draft rounds; caches hold %d positions", len(runner.graphs.steps),
+                 "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
+                 runner.cache.max_length)
 
     rows, outputs, rendered = [], {m: {} for m in methods}, {}
     queue = list(prompts)

@@ -134,11 +134,28 @@ class TargetModel:
         Returns the last `keep` positions' logits and, with `with_aux`, the prompt's auxiliary states."""
         if not self.static:
             self.cache = DynamicCache()
-        elif self.cache is None or capacity > self.cache.max_length:
-            self.cache = StaticKV(grown_length(capacity))
-            self.graphs.clear()  # they address the old buffers
+        else:
+            self.reserve(capacity)
         self.length = 0
         return self.forward(torch.tensor([prompt_ids], device=self.device), keep=keep, with_aux=with_aux)
+
+    def reserve(self, capacity: int) -> None:
+        """A static cache of at least `capacity` positions (a larger one drops the captured steps: they address
+        the old buffers)."""
+        if self.static and (self.cache is None or capacity > self.cache.max_length):
+            self.cache = StaticKV(grown_length(capacity))
+            self.graphs.clear()
+
+    def capture_steps(self, prompt_ids: list[int], k: int) -> None:
+        """Capture now every step the decoding loops take with up to k drafts (1..k+1 tokens, with and without
+        the auxiliary states), so that no capture falls inside a timed decode."""
+        if not self.graphs.enabled:
+            return
+        self.start(prompt_ids, capacity=len(prompt_ids) + k + 1)
+        for q in range(1, k + 2):
+            for with_aux in {False, bool(self.aux_layer_ids)}:
+                self.forward(torch.zeros((1, q), dtype=torch.long, device=self.device), keep=q, with_aux=with_aux)
+                self.rewind(len(prompt_ids))
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
@@ -360,11 +377,26 @@ class Eagle3Proposer:
     def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, capacity: int) -> None:
         """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last; the cache
         holds `capacity` positions."""
+        self.reserve(capacity)
+        self.verified = 0  # step-0 entries in the cache
+        self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
+
+    def reserve(self, capacity: int) -> None:
+        """A cache of at least `capacity` positions (a larger one drops the captured rounds)."""
         if self.cache is None or capacity > self.cache.max_length:
             self.cache = StaticKV(grown_length(capacity))
             self.graphs.clear()
-        self.verified = 0  # step-0 entries in the cache
-        self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
+
+    def capture_rounds(self, k: int) -> None:
+        """Capture now the round after each possible verification (1..k+1 newly verified positions)."""
+        if not self.graphs.enabled:
+            return
+        fc = self.draft.fc
+        for n in range(1, k + 2):
+            tokens = torch.zeros((1, n), dtype=torch.long, device=fc.weight.device)
+            self.start(tokens, torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device),
+                       capacity=n + k)
+            self.propose([], k)
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
         n = self.pending_tokens.shape[1]
