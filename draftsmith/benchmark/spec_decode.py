@@ -98,10 +98,10 @@ class TargetModel:
     auxiliary decoder layers.
 
     For full-attention SDPA models the cache is static (`StaticKV`, its own masks) and, with `cuda_graphs`,
-    every step of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph; other models decode eagerly
+    every step after the prompt of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph; other models decode eagerly
     with transformers' DynamicCache. Both give the same tokens (tests/test_spec_decode.py)."""
 
-    MAX_GRAPH_WIDTH = 16  # wider calls (prompts) run eagerly
+    MAX_GRAPH_WIDTH = 16  # wider steps run eagerly
 
     def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False):
         self.model = model
@@ -178,7 +178,7 @@ class TargetModel:
                 raise ValueError(f"the KV cache holds {self.cache.max_length} positions; {self.length} + {q} asked for")
             self._length.fill_(self.length)
             step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
-            if q <= self.MAX_GRAPH_WIDTH:
+            if self.length and q <= self.MAX_GRAPH_WIDTH:  # a step; the prompt runs eagerly (one shape per prompt)
                 out = self.graphs.run((q, keep, with_aux), step, input_ids)
             else:
                 out = step(input_ids)
@@ -392,10 +392,15 @@ class Eagle3Proposer:
         if not self.graphs.enabled:
             return
         fc = self.draft.fc
+
+        def zeros(n: int):
+            return (torch.zeros((1, n), dtype=torch.long, device=fc.weight.device),
+                    torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
+
+        self.start(*zeros(1), capacity=1 + (k + 1) * (k + 2) // 2 + k)
+        self.propose([], k)  # the "prompt", eagerly
         for n in range(1, k + 2):
-            tokens = torch.zeros((1, n), dtype=torch.long, device=fc.weight.device)
-            self.start(tokens, torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device),
-                       capacity=n + k)
+            self.accept(*zeros(n))
             self.propose([], k)
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
@@ -405,7 +410,7 @@ class Eagle3Proposer:
                              f"{self.verified} + {n} + {k} asked for")
         self._verified.fill_(self.verified)
         draft_round = functools.partial(self._round, k=k)
-        if n <= k + 1:  # a round after a verification; the prompt's runs eagerly
+        if self.verified and n <= k + 1:  # a round after a verification; the prompt's runs eagerly
             drafted = self.graphs.run((n, k), draft_round, self.pending_tokens, self.pending_aux)
         else:
             drafted = draft_round(self.pending_tokens, self.pending_aux)
