@@ -20,12 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.benchmark.offline import run_offline_benchmark  # noqa: E402
-from draftsmith.config.workflow import section_defaults  # noqa: E402
-from draftsmith.data.prompts import read_benchmark_prompts  # noqa: E402
-from draftsmith.io import write_text  # noqa: E402
-from draftsmith.target_model.spec import TargetSpec  # noqa: E402
-from draftsmith.training.draft_model import resolve_num_speculative_tokens  # noqa: E402
+from draftsmith.benchmark.offline import run_offline_benchmark
+from draftsmith.config.workflow import section_defaults
+from draftsmith.data.prompts import read_benchmark_prompts
+from draftsmith.io import write_text
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.draft_model import resolve_num_speculative_tokens
 
 
 def main():
@@ -56,9 +56,10 @@ def main():
             summaries[name] = run_offline_benchmark(target, str(draft_dir), prompts, {**cfg, "cuda_graphs": graphs},
                                                     Path(tmp) / f"{name}.csv", Path(tmp) / f"{name}.json", args.variant)
     k = cfg["num_speculative_tokens"]
-    lines = [f"Offline benchmark loops, eager vs CUDA graphs, {len(prompts)} prompts of {prompts_file}, "
-             f"{args.max_new_tokens} new tokens at most, k = {k}, bf16, batch 1, on {torch.cuda.get_device_name(0)}; "
-             f"{time.strftime('%Y-%m-%d')}.", "",
+    caption = (f"Offline benchmark loops, eager vs CUDA graphs, {len(prompts)} prompts of {prompts_file}, "
+               f"{args.max_new_tokens} new tokens at most, k = {k}, bf16, batch 1, on {torch.cuda.get_device_name(0)}; "
+               f"{time.strftime('%Y-%m-%d')}.")
+    lines = [caption, "",
              "| steps | method | acceptance length | tokens/s | speedup | c | tau / (1 + k c) | graphs vs eager |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, summary in summaries.items():

@@ -242,14 +242,13 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     fresh.capture_steps(tiny["prompts"][0], 3)
     proposer.reserve(1024)
     proposer.capture_rounds(3)
-    steps = lambda: set(fresh.graphs.steps)  # noqa: E731
-    captured = (steps(), set(proposer.graphs.steps))
+    captured = (set(fresh.graphs.steps), set(proposer.graphs.steps))
     assert len(captured[0]) == 8 and len(captured[1]) == 4
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert speculative_decode(fresh, proposer, ids, 3, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
         speculative_decode(fresh, PromptLookupProposer(3, fresh.device), ids, 3, MAX_NEW, stop)
         greedy_decode(fresh, ids, MAX_NEW, stop)
-    assert (steps(), set(proposer.graphs.steps)) == captured
+    assert (set(fresh.graphs.steps), set(proposer.graphs.steps)) == captured
     for name in drafts:
         tiny[name].to("cpu")
 

@@ -9,7 +9,7 @@ so the tests check the captured code's arithmetic there.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -28,7 +28,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from draftsmith.benchmark.cuda_graphs import StaticKV, StepGraphs, grown_length, positions_and_mask
+from draftsmith.benchmark.cuda_graphs import (
+    StaticKV,
+    StepGraphs,
+    grown_length,
+    positions_and_mask,
+)
 from draftsmith.target_model.layers import find_decoder, text_config
 
 
