@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from draftsmith.benchmark.cuda_graphs import StepGraphs
+from draftsmith.benchmark.cuda_graphs import StepGraphs, prompt_bucket
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
     PromptLookupProposer,
@@ -199,17 +199,22 @@ class EagerStepRecorder(StepGraphs):
 
 
 def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
-    """capture_steps / capture_rounds request every step shape that decoding with k drafts takes, and prompts
-    never become captured steps (one shape per prompt length would put captures inside timed decodes)."""
+    """capture_steps / capture_rounds request every step shape that decoding with k drafts takes: prompts padded to
+    a few buckets (one shape per prompt length would put captures inside timed decodes), the steps after them and
+    the draft rounds; the padded prompts give the same tokens."""
     target = TargetModel(tiny["target"].model, AUX)
     proposer = Eagle3Proposer(tiny["trained"])
     target.graphs, proposer.graphs = EagerStepRecorder(), EagerStepRecorder()
+    longest = max(len(ids) for ids in tiny["prompts"])
     target.reserve(1024)
-    target.capture_steps(tiny["prompts"][0], 3)
+    target.capture_steps(longest, 3)
     proposer.reserve(1024)
     proposer.capture_rounds(3)
     captured = (set(target.graphs.steps), set(proposer.graphs.steps))
-    assert captured == ({(q, q, aux) for q in range(1, 5) for aux in (False, True)}, {(n, 3) for n in range(1, 5)})
+    buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
+    assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
+    assert captured == ({(q, q, aux) for q in range(1, 5) for aux in (False, True)}
+                        | {("prompt", b, aux) for b in buckets for aux in (False, True)}, {(n, 3) for n in range(1, 5)})
     stop = tiny["stop"]
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert speculative_decode(target, proposer, ids, 3, MAX_NEW, stop).tokens == greedy.tokens
@@ -239,11 +244,12 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     # captured up front (as the benchmark's warm-up does), decoding captures nothing more inside the timed loops
     fresh, proposer = TargetModel(model, AUX, cuda_graphs=True), Eagle3Proposer(drafts["trained"], cuda_graphs=True)
     fresh.reserve(1024)
-    fresh.capture_steps(tiny["prompts"][0], 3)
+    fresh.capture_steps(max(len(ids) for ids in tiny["prompts"]), 3)
     proposer.reserve(1024)
     proposer.capture_rounds(3)
     captured = (set(fresh.graphs.steps), set(proposer.graphs.steps))
-    assert len(captured[0]) == 8 and len(captured[1]) == 4
+    assert {key for key in captured[0] if key[0] != "prompt"} == {(q, q, aux) for q in range(1, 5) for aux in (False, True)}
+    assert len(captured[1]) == 4
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert speculative_decode(fresh, proposer, ids, 3, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
         speculative_decode(fresh, PromptLookupProposer(3, fresh.device), ids, 3, MAX_NEW, stop)

@@ -51,6 +51,12 @@ def grown_length(needed: int, current: int = 0, granule: int = 256) -> int:
     return -(-needed // granule) * granule
 
 
+def prompt_bucket(length: int, smallest: int = 16) -> int:
+    """The padded length a prompt of `length` tokens is captured at: the next power of two, at least `smallest`
+    (so a benchmark captures a handful of prompt shapes rather than one per prompt length)."""
+    return max(smallest, 1 << (length - 1).bit_length())
+
+
 class CapturedStep:
     """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs`; calling it copies new inputs
     (same shapes) in and replays. Its outputs are static too: read or copy them before the next replay."""

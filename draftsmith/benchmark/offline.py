@@ -16,6 +16,7 @@ import logging
 import torch
 from tqdm import tqdm
 
+from draftsmith.benchmark.cuda_graphs import prompt_bucket
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
@@ -125,9 +126,10 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         decode(first_ids)
     if graphs:  # caches sized for the longest prompt (a second turn adds an answer), every step shape captured
         longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
-        capacity = longest + 2 * max_new_tokens + k + 1 + 64
+        longest += max_new_tokens + 64 if any("follow_up" in p for p in prompts) else 0
+        capacity = max(longest + max_new_tokens, prompt_bucket(longest)) + k + 1
         runner.reserve(capacity)
-        runner.capture_steps(first_ids, k)
+        runner.capture_steps(longest, k)
         for proposer in proposers.values():
             if isinstance(proposer, Eagle3Proposer):
                 proposer.reserve(capacity)

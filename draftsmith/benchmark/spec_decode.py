@@ -33,6 +33,7 @@ from draftsmith.benchmark.cuda_graphs import (
     StepGraphs,
     grown_length,
     positions_and_mask,
+    prompt_bucket,
 )
 from draftsmith.target_model.layers import find_decoder, text_config
 
@@ -103,8 +104,10 @@ class TargetModel:
     auxiliary decoder layers.
 
     For full-attention SDPA models the cache is static (`StaticKV`, its own masks) and, with `cuda_graphs`,
-    every step after the prompt of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph; other models decode eagerly
-    with transformers' DynamicCache. Both give the same tokens (tests/test_spec_decode.py)."""
+    every step of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph, and so is each prompt, padded to
+    a power-of-two bucket (`prompt_bucket`: the padding's cache slots lie past the prompt, masked until the next
+    steps overwrite them); other models decode eagerly with transformers' DynamicCache. Every path gives the
+    same tokens (tests/test_spec_decode.py)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps run eagerly
 
@@ -151,16 +154,20 @@ class TargetModel:
             self.cache = StaticKV(grown_length(capacity))
             self.graphs.clear()
 
-    def capture_steps(self, prompt_ids: list[int], k: int) -> None:
-        """Capture now every step the decoding loops take with up to k drafts (1..k+1 tokens, with and without
-        the auxiliary states), so that no capture falls inside a timed decode."""
+    def capture_steps(self, longest_prompt: int, k: int) -> None:
+        """Capture now every step the decoding loops take with up to k drafts (each prompt bucket up to the longest
+        prompt's, 1..k+1 tokens after it; with and without the auxiliary states), so that no capture falls inside
+        a timed decode. The cache must already hold the longest prompt's bucket (`reserve`)."""
         if not self.graphs.enabled:
             return
-        self.start(prompt_ids, capacity=len(prompt_ids) + k + 1)
+        buckets = sorted({prompt_bucket(n) for n in range(1, longest_prompt + 1)})
+        for bucket in buckets:
+            for with_aux in {False, bool(self.aux_layer_ids)}:
+                self.start([0] * bucket, capacity=bucket + k + 1, with_aux=with_aux)
         for q in range(1, k + 2):
             for with_aux in {False, bool(self.aux_layer_ids)}:
                 self.forward(torch.zeros((1, q), dtype=torch.long, device=self.device), keep=q, with_aux=with_aux)
-                self.rewind(len(prompt_ids))
+                self.rewind(buckets[-1])
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
@@ -183,7 +190,13 @@ class TargetModel:
                 raise ValueError(f"the KV cache holds {self.cache.max_length} positions; {self.length} + {q} asked for")
             self._length.fill_(self.length)
             step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
-            if self.length and q <= self.MAX_GRAPH_WIDTH:  # a step; the prompt runs eagerly (one shape per prompt)
+            bucket = prompt_bucket(q)
+            if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:
+                padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
+                step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux)
+                logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded)
+                out = logits[q - keep : q], (aux[:, :q] if with_aux else None)
+            elif self.length and q <= self.MAX_GRAPH_WIDTH:
                 out = self.graphs.run((q, keep, with_aux), step, input_ids)
             else:
                 out = step(input_ids)
