@@ -157,10 +157,11 @@ class TargetModel:
     def capture_steps(self, longest_prompt: int, k: int) -> None:
         """Capture now every step the decoding loops take with up to k drafts (each prompt bucket up to the longest
         prompt's, 1..k+1 tokens after it; with and without the auxiliary states), so that no capture falls inside
-        a timed decode. The cache must already hold the longest prompt's bucket (`reserve`)."""
+        a timed decode. Reserve the cache the decodes need first: growing it later drops these graphs."""
         if not self.graphs.enabled:
             return
         buckets = sorted({prompt_bucket(n) for n in range(1, longest_prompt + 1)})
+        self.reserve(buckets[-1] + k + 1)
         for bucket in buckets:
             for with_aux in {False, bool(self.aux_layer_ids)}:
                 self.start([0] * bucket, capacity=bucket + k + 1, with_aux=with_aux)
@@ -189,17 +190,16 @@ class TargetModel:
             if self.length + q > self.cache.max_length:
                 raise ValueError(f"the KV cache holds {self.cache.max_length} positions; {self.length} + {q} asked for")
             self._length.fill_(self.length)
-            step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
             bucket = prompt_bucket(q)
-            if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:
-                padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
+            if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:  # a prompt, padded
                 step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux)
+                padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
                 logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded)
                 out = logits[q - keep : q], (aux[:, :q] if with_aux else None)
-            elif self.length and q <= self.MAX_GRAPH_WIDTH:
-                out = self.graphs.run((q, keep, with_aux), step, input_ids)
             else:
-                out = step(input_ids)
+                step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
+                captured = self.length and q <= self.MAX_GRAPH_WIDTH
+                out = self.graphs.run((q, keep, with_aux), step, input_ids) if captured else step(input_ids)
         self.length += q
         return out
 
