@@ -43,14 +43,6 @@ def positions_and_mask(length: torch.Tensor, q: int, max_length: int) -> tuple[t
     return positions, (keys[None, :] <= positions[:, None]).view(1, 1, q, max_length)
 
 
-def grown_length(needed: int, current: int = 0, granule: int = 256) -> int:
-    """A cache length that holds `needed` positions: the current one, or `needed` rounded up to a granule
-    (graphs are captured for one cache length, so it grows in steps rather than per sequence)."""
-    if needed <= current:
-        return current
-    return -(-needed // granule) * granule
-
-
 def prompt_bucket(length: int, smallest: int = 16) -> int:
     """The padded length a prompt of `length` tokens is captured at: the next power of two, at least `smallest`
     (so a benchmark captures a handful of prompt shapes rather than one per prompt length)."""
@@ -97,3 +89,12 @@ class StepGraphs:
 
     def clear(self) -> None:
         self.steps.clear()
+
+
+def reserved(cache: StaticKV | None, capacity: int, graphs: StepGraphs, granule: int = 256) -> StaticKV:
+    """`cache` if it holds `capacity` positions, else a new one of `capacity` rounded up to a granule (so that it
+    grows in steps rather than per sequence), dropping `graphs`: they address the old buffers."""
+    if cache is not None and capacity <= cache.max_length:
+        return cache
+    graphs.clear()
+    return StaticKV(-(-capacity // granule) * granule)

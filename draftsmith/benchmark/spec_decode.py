@@ -31,9 +31,9 @@ from transformers import DynamicCache
 from draftsmith.benchmark.cuda_graphs import (
     StaticKV,
     StepGraphs,
-    grown_length,
     positions_and_mask,
     prompt_bucket,
+    reserved,
 )
 from draftsmith.target_model.layers import find_decoder, text_config
 
@@ -150,9 +150,8 @@ class TargetModel:
     def reserve(self, capacity: int) -> None:
         """A static cache of at least `capacity` positions (a larger one drops the captured steps: they address
         the old buffers)."""
-        if self.static and (self.cache is None or capacity > self.cache.max_length):
-            self.cache = StaticKV(grown_length(capacity))
-            self.graphs.clear()
+        if self.static:
+            self.cache = reserved(self.cache, capacity, self.graphs)
 
     def capture_steps(self, longest_prompt: int, k: int) -> None:
         """Capture now every step the decoding loops take with up to k drafts (each prompt bucket up to the longest
@@ -401,9 +400,7 @@ class Eagle3Proposer:
 
     def reserve(self, capacity: int) -> None:
         """A cache of at least `capacity` positions (a larger one drops the captured rounds)."""
-        if self.cache is None or capacity > self.cache.max_length:
-            self.cache = StaticKV(grown_length(capacity))
-            self.graphs.clear()
+        self.cache = reserved(self.cache, capacity, self.graphs)
 
     def capture_rounds(self, k: int) -> None:
         """Capture now the round after each possible verification (1..k+1 newly verified positions)."""
