@@ -28,7 +28,7 @@ python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in
 case "${1:-pipeline}" in
 pipeline)
   start=$(date +%s)
-  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
+  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
     results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
@@ -50,7 +50,7 @@ smollm2)
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
   start=$(date +%s)
-  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
+  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
     "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   tar czf "$OUT/results-smollm2.tgz" logs benchmarks results-smollm2/report results-smollm2/benchmark \

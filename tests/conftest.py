@@ -130,7 +130,7 @@ def prepare_samples(target: Path, out: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained)."""
-    return build_target(tmp_path_factory.mktemp("tiny_target"), {**TINY_CONFIG["embedded_target"], "pretrain_steps": 10})
+    return build_target(tmp_path_factory.mktemp("tiny_target"), {**TINY_CONFIG["embedded_target"], "pretrain_steps": 40})
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,10 @@ import pytest
 from draftsmith.data import regenerate as regen
 from draftsmith.io import read_jsonl, write_jsonl
 
-QUESTIONS = ["What is the weather like?", "Tell me a story.", "How many legs does a cat have?", "Say hi.",
-             "Name a colour.", "Why is the sky blue?", "Count to five."]
+# questions like the synthetic tasks the tiny target was pretrained on, so that it answers them
+QUESTIONS = ["What is 12 + 7?", "What is the capital of France?", "Count from 3 to 9.", "Say hi.",
+             "Reverse the order of these words: apple river stone", "List the first 4 multiples of 3.",
+             "Write this in capital letters: green table"]
 
 
 def prompts(n=len(QUESTIONS)):
@@ -36,10 +38,16 @@ def test_answers_every_prompt_in_order(tiny_target, tmp_path):
     assert stats["num_prompts"] == 7 and stats["chunks"] == 3 and stats["chunks_reused"] == 0
     assert stats["new_tokens"] == sum(r["num_new_tokens"] for r in got)
     assert not (tmp_path / "answers.jsonl.chunks").exists()
-    # the output is a chat dataset draftsmith can prepare: each record has a user turn and a reply
-    from draftsmith.data.chat_data import normalise
+    # the output is a chat dataset draftsmith can prepare: each record with an answer has a user turn and a reply;
+    # an empty answer (the target ended its turn at once) is counted, and prepare skips it as empty_content
+    from draftsmith.data.chat_data import BadRecord, normalise
 
-    assert all(normalise(r)[-1]["role"] == "assistant" for r in got)
+    empty = [r for r in got if not r["messages"][-1]["content"].strip()]
+    assert stats["empty_answers"] == len(empty) < len(got)
+    assert all(normalise(r)[-1]["role"] == "assistant" for r in got if r not in empty)
+    for r in empty:
+        with pytest.raises(BadRecord, match="is empty"):
+            normalise(r)
 
 
 def test_left_padded_batches_answer_like_batch_size_one(tiny_target, tmp_path):

@@ -173,7 +173,7 @@ def test_a_target_without_full_attention_sdpa_decodes_through_transformers_cache
 def test_one_runner_decodes_prompts_longer_than_its_cache_so_far(tiny):
     """The static caches grow (and drop their captured steps) when a longer sequence comes: the same runner and
     proposer then decode a short prompt, a long one and the short one again exactly as fresh ones do."""
-    target, stop = tiny["target"], tiny["stop"]
+    target, stop = TargetModel(tiny["target"].model, AUX), tiny["stop"]  # fresh: the fixture's cache grew in training
     short = tiny["prompts"][0]
     long = (short * 400)[:300]
     proposer = Eagle3Proposer(tiny["trained"])
@@ -187,15 +187,18 @@ def test_one_runner_decodes_prompts_longer_than_its_cache_so_far(tiny):
 
 class EagerStepRecorder(StepGraphs):
     """Stand-in for CUDA-graph capture on the CPU (a mock, named as such: CI has no GPU): it records each step's
-    key the way StepGraphs captures it, and runs the step eagerly. test_cuda_graph_replay_gives_the_eager_steps_tokens
+    key the way StepGraphs captures it and, like CapturedStep, keeps static copies of the first call's inputs that
+    later calls copy into; then it runs the step eagerly on them. test_cuda_graph_replay_gives_the_eager_steps_tokens
     checks the same property with real graphs on a GPU."""
 
     def __init__(self):
         super().__init__(enabled=True)
 
     def run(self, key, fn, *inputs):
-        self.steps.setdefault(key, "recorded")
-        return fn(*inputs)
+        static = self.steps.setdefault(key, [x.clone() for x in inputs])
+        for s, x in zip(static, inputs):
+            s.copy_(x)
+        return fn(*static)
 
 
 def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
@@ -207,20 +210,43 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     target.graphs, proposer.graphs = EagerStepRecorder(), EagerStepRecorder()
     longest = max(len(ids) for ids in tiny["prompts"])
     target.reserve(1024)
-    target.capture_steps(longest, 3)
     proposer.reserve(1024)
-    proposer.capture_rounds(3)
+    # in the benchmark's order: a warm-up decode (inference mode) captures some steps, then the capture calls
+    speculative_decode(target, proposer, tiny["prompts"][0], 3, MAX_NEW, tiny["stop"])
+    target.capture_steps(longest, 3)
+    proposer.capture_rounds(3, longest)
     captured = (set(target.graphs.steps), set(proposer.graphs.steps))
     buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
     assert captured == ({(q, q, aux) for q in range(1, 5) for aux in (False, True)}
-                        | {("prompt", b, aux) for b in buckets for aux in (False, True)}, {(n, 3) for n in range(1, 5)})
+                        | {("prompt", b, aux) for b in buckets for aux in (False, True)}, {(n, 3) for n in range(1, 5)} | {("prompt", b, 3) for b in buckets})
     stop = tiny["stop"]
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
-        assert speculative_decode(target, proposer, ids, 3, MAX_NEW, stop).tokens == greedy.tokens
+        padded = speculative_decode(target, proposer, ids, 3, MAX_NEW, stop)
+        eager = speculative_decode(TargetModel(target.model, AUX), Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        assert padded.tokens == greedy.tokens and padded.accepted == eager.accepted  # the same drafts, too
         assert speculative_decode(target, PromptLookupProposer(3, target.device), ids, 3, MAX_NEW, stop).tokens == greedy.tokens
         assert greedy_decode(target, ids, MAX_NEW, stop).tokens == greedy.tokens
     assert (set(target.graphs.steps), set(proposer.graphs.steps)) == captured
+
+
+@torch.inference_mode()
+def test_a_padded_prompt_round_drafts_what_the_unpadded_one_does(tiny):
+    """The draft's prompt round, padded to its bucket (as captured), proposes the same k tokens as the eager round
+    on the prompt alone: its chain starts from the last real position, not the padding."""
+    target = TargetModel(tiny["target"].model, AUX)
+    for ids in tiny["prompts"]:
+        assert prompt_bucket(len(ids)) > len(ids)  # padding to test
+        logits, aux = target.start(ids, capacity=len(ids) + 8, with_aux=True)
+        next_tokens = torch.cat([torch.tensor(ids[1:]), logits[-1].argmax().view(1)])
+        drafts = []
+        for graphs in (None, EagerStepRecorder()):
+            proposer = Eagle3Proposer(tiny["trained"])
+            proposer.graphs = graphs or proposer.graphs
+            proposer.start(next_tokens, aux, capacity=256)
+            drafts.append(proposer.propose([], 3))
+        assert set(proposer.graphs.steps) == {("prompt", prompt_bucket(len(ids)), 3)}
+        assert torch.equal(drafts[0], drafts[1]), (len(ids), drafts)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
@@ -244,12 +270,13 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     # captured up front (as the benchmark's warm-up does), decoding captures nothing more inside the timed loops
     fresh, proposer = TargetModel(model, AUX, cuda_graphs=True), Eagle3Proposer(drafts["trained"], cuda_graphs=True)
     fresh.reserve(1024)
-    fresh.capture_steps(max(len(ids) for ids in tiny["prompts"]), 3)
+    longest = max(len(ids) for ids in tiny["prompts"])
+    fresh.capture_steps(longest, 3)
     proposer.reserve(1024)
-    proposer.capture_rounds(3)
+    proposer.capture_rounds(3, longest)
     captured = (set(fresh.graphs.steps), set(proposer.graphs.steps))
     assert {key for key in captured[0] if key[0] != "prompt"} == {(q, q, aux) for q in range(1, 5) for aux in (False, True)}
-    assert len(captured[1]) == 4
+    assert {key for key in captured[1] if key[0] != "prompt"} == {(n, 3) for n in range(1, 5)}
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert speculative_decode(fresh, proposer, ids, 3, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
         speculative_decode(fresh, PromptLookupProposer(3, fresh.device), ids, 3, MAX_NEW, stop)

@@ -133,7 +133,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         for proposer in proposers.values():
             if isinstance(proposer, Eagle3Proposer):
                 proposer.reserve(capacity)
-                proposer.capture_rounds(k)
+                proposer.capture_rounds(k, longest)
         log.info("captured %d target steps and %s draft rounds; caches hold %d positions", len(runner.graphs.steps),
                  "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
                  runner.cache.max_length)

@@ -153,6 +153,7 @@ class TargetModel:
         if self.static:
             self.cache = reserved(self.cache, capacity, self.graphs)
 
+    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
     def capture_steps(self, longest_prompt: int, k: int) -> None:
         """Capture now every step the decoding loops take with up to k drafts (each prompt bucket up to the longest
         prompt's, 1..k+1 tokens after it; with and without the auxiliary states), so that no capture falls inside
@@ -378,7 +379,9 @@ class Eagle3Proposer:
 
     The draft's static KV cache holds one entry per verified position (step 0, target states); a round's
     chain entries sit after them and are overwritten by the next round's verified ones. A round (the newly
-    verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay.
+    verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay;
+    the prompt's round too, padded to the target's prompt buckets (the padding's slots, like the chain's, are
+    overwritten before anything attends to them).
     """
 
     needs_aux = True
@@ -389,7 +392,9 @@ class Eagle3Proposer:
         self.graphs = StepGraphs(cuda_graphs)
         self.cache: StaticKV | None = None
         device = next(draft.parameters()).device
-        self._verified = torch.zeros(1, dtype=torch.long, device=device)  # first free slot, for captured rounds
+        # device scalars for captured rounds: the first free slot, and how many of the round's inputs are real
+        self._verified = torch.zeros(1, dtype=torch.long, device=device)
+        self._count = torch.zeros(1, dtype=torch.long, device=device)
 
     def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, capacity: int) -> None:
         """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last; the cache
@@ -402,8 +407,11 @@ class Eagle3Proposer:
         """A cache of at least `capacity` positions (a larger one drops the captured rounds)."""
         self.cache = reserved(self.cache, capacity, self.graphs)
 
-    def capture_rounds(self, k: int) -> None:
-        """Capture now the round after each possible verification (1..k+1 newly verified positions)."""
+    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
+    def capture_rounds(self, k: int, longest_prompt: int) -> None:
+        """Capture now the prompt's round for each bucket up to `longest_prompt`'s and the round after each
+        possible verification (1..k+1 newly verified positions). Reserve the cache the decodes need first:
+        growing it later drops these graphs."""
         if not self.graphs.enabled:
             return
         fc = self.draft.fc
@@ -412,8 +420,11 @@ class Eagle3Proposer:
             return (torch.zeros((1, n), dtype=torch.long, device=fc.weight.device),
                     torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
 
-        self.start(*zeros(1), capacity=1 + (k + 1) * (k + 2) // 2 + k)
-        self.propose([], k)  # the "prompt", eagerly
+        buckets = sorted({prompt_bucket(n) for n in range(1, longest_prompt + 1)})
+        self.reserve(buckets[-1] + (k + 1) * (k + 2) // 2 + k)
+        for bucket in buckets:
+            self.start(*zeros(bucket), capacity=bucket + k)
+            self.propose([], k)
         for n in range(1, k + 2):
             self.accept(*zeros(n))
             self.propose([], k)
@@ -424,25 +435,32 @@ class Eagle3Proposer:
             raise ValueError(f"the draft's KV cache holds {self.cache.max_length} positions; "
                              f"{self.verified} + {n} + {k} asked for")
         self._verified.fill_(self.verified)
+        self._count.fill_(n)
         draft_round = functools.partial(self._round, k=k)
-        if self.verified and n <= k + 1:  # a round after a verification; the prompt's runs eagerly
-            drafted = self.graphs.run((n, k), draft_round, self.pending_tokens, self.pending_aux)
+        tokens, aux = self.pending_tokens, self.pending_aux
+        bucket = prompt_bucket(n)
+        if self.verified and n <= k + 1:  # a round after a verification
+            drafted = self.graphs.run((n, k), draft_round, tokens, aux)
+        elif not self.verified and self.graphs.enabled and bucket + k <= self.cache.max_length:  # a prompt, padded
+            padded = (torch.nn.functional.pad(tokens, (0, bucket - n)), torch.nn.functional.pad(aux, (0, 0, 0, bucket - n)))
+            drafted = self.graphs.run(("prompt", bucket, k), draft_round, *padded)
         else:
-            drafted = draft_round(self.pending_tokens, self.pending_aux)
+            drafted = draft_round(tokens, aux)
         self.verified += n
         return drafted
 
     def _round(self, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> torch.Tensor:
+        """k chain drafts after the round's first `_count` inputs (the rest is padding) written at `_verified`.."""
         draft = self.draft
-        n = tokens.shape[1]
-        hidden = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)[:, -1:]
+        out = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)
+        hidden = out.index_select(1, self._count - 1)  # the last real input's state, without a host sync
         drafted = []
         for step in range(k):
             token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [1, 1], draft vocabulary
             token = token + draft.d2t[token]
             drafted.append(token)
             if step + 1 < k:
-                hidden = draft_layers_forward(draft, token, hidden, self._verified + n + step, self.cache)
+                hidden = draft_layers_forward(draft, token, hidden, self._verified + self._count + step, self.cache)
         return torch.cat(drafted, dim=-1).view(-1)
 
     def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:

@@ -7,7 +7,8 @@ itself (rather than by whatever model wrote a dataset) match what it will be ask
 generates in left-padded batches until an eos token (the tokenizer's and the generation
 config's, e.g. `<|im_end|>`) or `max_new_tokens`, and writes OpenAI-messages JSONL:
 `{"id", "messages": [...prompt..., {"role": "assistant", "content": answer}], "finish_reason",
-"num_new_tokens"}`, in prompt order.
+"num_new_tokens"}`, in prompt order. An empty answer (the target ends its turn at once) is kept, so
+that the file stays one row per prompt, and counted (`empty_answers`); prepare skips it as `empty_content`.
 
 Work is done in chunks of `chunk_size` prompts, each written atomically to
 `<out>.chunks/chunk_NNNNN.jsonl` beside a manifest holding a fingerprint of the prompts, the
@@ -202,17 +203,21 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
         progress.close()
 
     stats = {"num_prompts": len(records), "chunks": len(chunks), "chunks_reused": len(chunks) - len(todo),
-             "finish_reasons": {}, "new_tokens": 0, "fingerprint": fingerprint}
+             "finish_reasons": {}, "new_tokens": 0, "empty_answers": 0, "fingerprint": fingerprint}
 
     def all_rows():
         for p in paths:
             for row in read_jsonl(p):
                 stats["finish_reasons"][row["finish_reason"]] = stats["finish_reasons"].get(row["finish_reason"], 0) + 1
                 stats["new_tokens"] += row["num_new_tokens"]
+                stats["empty_answers"] += not row["messages"][-1]["content"].strip()
                 yield row
 
     write_jsonl(out_jsonl, all_rows())
     shutil.rmtree(chunk_dir)
     log.info("regenerate: %d answers (%s), %d new tokens -> %s", len(records), stats["finish_reasons"],
              stats["new_tokens"], out_jsonl)
+    if stats["empty_answers"]:  # kept, so that the file stays one row per prompt; prepare skips them (empty_content)
+        log.warning("regenerate: the target answered %d of %d prompts with nothing (an end-of-turn token first); "
+                    "prepare skips those records as empty_content", stats["empty_answers"], len(records))
     return stats

@@ -1,7 +1,10 @@
 """Seeded synthetic chat corpus: varied, learnable multi-turn tasks for the embedded default.
 
 Every assistant reply is a deterministic function of the conversation, so a small target
-model learns the tasks and a draft model can learn to predict the target.
+model learns the tasks and a draft model can learn to predict the target. Most replies are
+a sentence; three families (greeting cards, times tables, spelling) answer at length (50-130
+tokens), as chat answers usually do: on short answers a speculative decoder's speedup is
+bounded by the prompt's forward pass, which every method pays once.
 """
 
 from __future__ import annotations
@@ -87,6 +90,27 @@ def _greeting(rng: random.Random) -> Conversation:
     )
 
 
+def _greeting_cards(rng: random.Random) -> Conversation:
+    friends = [(name, rng.choice(COLORS)) for name in rng.sample(NAMES, rng.randint(2, 4))]
+    cards = [f"Dear {name}, it is lovely to hear from you. Since your favourite colour is {color}, "
+             f"I hope your day is as bright as {color} can be." for name, color in friends]
+    return _exchange("Write a short greeting card for each of these friends: "
+                     + ", ".join(f"{name} ({color})" for name, color in friends) + ".",
+                     "\n\n".join(cards) + "\n\nBest wishes, your assistant.")
+
+
+def _times_table(rng: random.Random) -> Conversation:
+    m, n = rng.randint(2, 12), rng.randint(6, 12)
+    return _exchange(f"Write out the {m} times table from 1 to {n}.",
+                     f"The {m} times table:\n" + "\n".join(f"{i} x {m} = {i * m}" for i in range(1, n + 1)))
+
+
+def _spell_words(rng: random.Random) -> Conversation:
+    words = rng.sample(WORDS, rng.randint(3, 6))
+    return _exchange("Spell each of these words letter by letter: " + " ".join(words),
+                     "\n".join(f"{word}: " + "-".join(word) + "." for word in words))
+
+
 def _count_range(rng: random.Random) -> Conversation:
     start = rng.randint(0, 50)
     stop = start + rng.randint(3, 12)
@@ -115,6 +139,9 @@ TASKS: dict[str, Callable[[random.Random], Conversation]] = {
     "count_letters": _count_letters,
     "uppercase": _uppercase,
     "greeting": _greeting,
+    "greeting_cards": _greeting_cards,
+    "times_table": _times_table,
+    "spell_words": _spell_words,
     "count_range": _count_range,
     "multiples": _multiples,
     "shopping": _shopping,
