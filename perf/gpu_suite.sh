@@ -25,11 +25,17 @@ export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # recompiles of the draft's compile
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('torch', 'transformers', 'speculators', 'snakemake')})" | tee -a "$OUT/device.txt"
 
+round_costs() {  # where the benchmark's time went, per method (first-of-a-length prompts vs the rest)
+  local csv=$1/benchmark/default/per_prompt.csv
+  [ ! -f "$csv" ] || python3 perf/round_costs.py "$csv" --table "$OUT/round_costs.md" || true
+}
+
 case "${1:-pipeline}" in
 pipeline)
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
+  round_costs results-gpu
   tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
     results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
     results-gpu/target/draftsmith_target.json $(ls results-gpu/shards/*/*/manifest.json 2>/dev/null) || true
@@ -53,6 +59,7 @@ smollm2)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
     "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
+  round_costs results-smollm2
   tar czf "$OUT/results-smollm2.tgz" logs benchmarks results-smollm2/report results-smollm2/benchmark \
     results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \
     results-smollm2/draft/default/training_data.json results-smollm2/prepared/*/stats.json \

@@ -55,6 +55,28 @@ def test_draft_benchmark_and_report_exist(pipeline_run):
     assert "eagle3_draft" in html and html.count("data:image/png;base64,") >= 6
 
 
+def test_round_costs_reads_the_benchmarks_per_prompt_table(pipeline_run):
+    """perf/round_costs.py on the run's per_prompt.csv: a row per method, with summary.json's acceptance lengths and
+    speedups, and the first-of-a-length split covering the run's prompts."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("round_costs", REPO / "perf" / "round_costs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    bench = pipeline_run / "results" / "benchmark" / "default"
+    per_prompt = pd.read_csv(bench / "per_prompt.csv")
+    table = module.round_costs(per_prompt).set_index("method")
+    summary = json.loads((bench / "summary.json").read_text())["methods"]
+    assert set(table.index) == set(summary)
+    for method, entry in summary.items():
+        assert table.loc[method, "acceptance length"] == pytest.approx(entry["acceptance_length"])
+        assert table.loc[method, "speedup, all"] == pytest.approx(entry["speedup"])
+    lengths = per_prompt.drop_duplicates("prompt_id")["prompt_tokens"]
+    assert (table["first-of-length prompts"] == lengths.nunique()).all()
+
+
 def test_noop_rerun_targeted_rebuild_and_rerun_triggers(pipeline_run):
     workdir = pipeline_run
     r = workdir / "results"
