@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -22,12 +23,14 @@ def traces() -> list[dict]:
     # prompt a: greedy makes 10 tokens in 10 forwards (1 s). Speculative: the prefill makes 1 token, then
     # five rounds accept 3, 1, 0, 0 (nothing proposed) and 0 drafts, each plus the target's own token:
     # 1 + 4 + 2 + 1 + 1 + 1 = 10 tokens in 6 forwards (0.5 s).
-    greedy_a = Trace(tokens=list(range(10)), target_forwards=10, seconds=1.0)
+    # The first token (the prompt's forward) takes 0.1 s on a and 0.5 s on b for both methods.
+    greedy_a = Trace(tokens=list(range(10)), target_forwards=10, seconds=1.0, first_token_seconds=0.1)
     spec_a = Trace(tokens=list(range(10)), target_forwards=6, proposed=[3, 3, 3, 0, 3], accepted=[3, 1, 0, 0, 0],
-                   seconds=0.5)
+                   seconds=0.5, first_token_seconds=0.1)
     # prompt b: greedy 4 tokens in 4 forwards (2 s); speculative: 1 + (2 + 1) = 4 tokens in 2 forwards (1 s)
-    greedy_b = Trace(tokens=[1, 2, 3, 4], target_forwards=4, seconds=2.0)
-    spec_b = Trace(tokens=[1, 2, 3, 4], target_forwards=2, proposed=[3], accepted=[2], seconds=1.0)
+    greedy_b = Trace(tokens=[1, 2, 3, 4], target_forwards=4, seconds=2.0, first_token_seconds=0.5)
+    spec_b = Trace(tokens=[1, 2, 3, 4], target_forwards=2, proposed=[3], accepted=[2], seconds=1.0,
+                   first_token_seconds=0.5)
     return [row("target_greedy", "a", greedy_a), row("eagle3_draft", "a", spec_a),
             row("target_greedy", "b", greedy_b), row("eagle3_draft", "b", spec_b)]
 
@@ -66,6 +69,18 @@ def test_per_prompt_and_summary_arithmetic(tmp_path):
     greedy = summary["methods"]["target_greedy"]
     assert greedy["per_position_acceptance"] == [None, None, None] and greedy["speedup"] == pytest.approx(1.0)
     assert spec["lossless"] is True and "lossless" not in greedy and summary["num_speculative_tokens"] == K
+    # after the first token: 12 tokens in (0.5 - 0.1) + (1.0 - 0.5) s vs 12 in (1.0 - 0.1) + (2.0 - 0.5) s
+    assert spec["decode_tokens_per_s"] == pytest.approx(12 / 0.9)
+    assert spec["decode_speedup"] == pytest.approx((12 / 0.9) / (12 / 2.4))
+    assert greedy["decode_speedup"] == pytest.approx(1.0)
+
+
+def test_rows_without_first_token_times_have_no_decode_speedup(tmp_path):
+    """A backend that does not time the first token (vLLM's server runs) leaves decode_speedup NaN, not a guess."""
+    rows = [{key: value for key, value in r.items() if key != "first_token_seconds"} for r in traces()]
+    summary = write_results(rows, K, tmp_path / "per_prompt.csv", tmp_path / "summary.json", {"variant": "v"})
+    assert all(math.isnan(m["decode_speedup"]) for m in summary["methods"].values())
+    assert summary["methods"]["eagle3_draft"]["speedup"] == pytest.approx((14 / 1.5) / (14 / 3.0))
 
 
 def test_the_stopping_rule_keeps_the_stop_token_and_caps_the_length():

@@ -225,6 +225,7 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
         padded = speculative_decode(target, proposer, ids, 3, MAX_NEW, stop)
         eager = speculative_decode(TargetModel(target.model, AUX), Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
         assert padded.tokens == greedy.tokens and padded.accepted == eager.accepted  # the same drafts, too
+        assert 0 < padded.first_token_seconds < padded.seconds and 0 < greedy.first_token_seconds < greedy.seconds
         assert speculative_decode(target, PromptLookupProposer(3, target.device), ids, 3, MAX_NEW, stop).tokens == greedy.tokens
         assert greedy_decode(target, ids, MAX_NEW, stop).tokens == greedy.tokens
     assert (set(target.graphs.steps), set(proposer.graphs.steps)) == captured

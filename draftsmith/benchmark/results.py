@@ -2,7 +2,10 @@
 
 `per_prompt.csv` has one row per (prompt, method); `summary.json` aggregates per method, and within
 each method per prompt category (MT-Bench's eight, the synthetic task families, or "all").
-Acceptance length is tokens generated per target forward pass, the bonus token included.
+Acceptance length is tokens generated per target forward pass, the bonus token included. Besides the
+end-to-end speed, the offline backend times the first token (the prompt's forward, which every method pays
+once): `decode_speedup` compares the tokens after it, per second after it (the time-per-output-token view);
+backends without that time leave it NaN.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ BASELINE = "target_greedy"
 METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft"]
 COLUMNS = [
     "variant", "backend", "method", "prompt_id", "category", "prompt_tokens", "new_tokens", "target_forwards",
-    "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "tokens_per_s", "speedup",
+    "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "first_token_seconds", "tokens_per_s",
+    "speedup",
 ]
 
 
@@ -32,6 +36,9 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     for col in accept_columns(k):
         if col not in df:
             df[col] = 0
+    if "first_token_seconds" not in df:
+        df["first_token_seconds"] = math.nan
+    df["first_token_seconds"] = df["first_token_seconds"].astype(float)
     df["acceptance_length"] = df["new_tokens"] / df["target_forwards"]
     df["tokens_per_s"] = df["new_tokens"] / df["seconds"]
     base = df[df["method"] == BASELINE].set_index("prompt_id")["tokens_per_s"]
@@ -44,6 +51,7 @@ def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
     drafts = g["drafts"].sum()
     new_tokens, seconds = int(g["new_tokens"].sum()), float(g["seconds"].sum())
     base_tps = base["new_tokens"].sum() / base["seconds"].sum() if len(base) else math.nan
+    decode_tps, base_decode_tps = _decode_tokens_per_s(g), _decode_tokens_per_s(base)
     return {
         "prompts": int(len(g)),
         "acceptance_length": float(g["new_tokens"].sum() / g["target_forwards"].sum()),
@@ -52,7 +60,18 @@ def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
         "seconds": seconds,
         "tokens_per_s": new_tokens / seconds if seconds else math.nan,
         "speedup": (new_tokens / seconds) / base_tps if seconds and base_tps else math.nan,
+        "decode_tokens_per_s": decode_tps,
+        "decode_speedup": decode_tps / base_decode_tps if base_decode_tps else math.nan,
     }
+
+
+def _decode_tokens_per_s(g: pd.DataFrame) -> float:
+    """Tokens after each prompt's first one, per second after it; NaN without first-token times."""
+    first = g["first_token_seconds"]
+    if not len(g) or first.isna().any():
+        return math.nan
+    seconds = float(g["seconds"].sum() - first.sum())
+    return float(g["new_tokens"].sum() - len(g)) / seconds if seconds > 0 else math.nan
 
 
 def summarise(df: pd.DataFrame, k: int) -> dict:
@@ -62,7 +81,7 @@ def summarise(df: pd.DataFrame, k: int) -> dict:
         methods[method] = _aggregate(g, base, k)
         methods[method]["per_category"] = {
             category: {key: value for key, value in _aggregate(c, base[base["category"] == category], k).items()
-                       if key in ("prompts", "acceptance_length", "new_tokens", "speedup")}
+                       if key in ("prompts", "acceptance_length", "new_tokens", "speedup", "decode_speedup")}
             for category, c in g.groupby("category", sort=True)}
     return methods
 

@@ -47,6 +47,7 @@ class Trace:
     proposed: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    first_token_seconds: float | None = None  # from the start to the first token on the host (the prompt's forward)
 
     def counts(self, k: int) -> dict:
         """Row fields of `draftsmith.benchmark.results` (rounds without a proposal are not drafts)."""
@@ -61,6 +62,7 @@ class Trace:
             "draft_tokens": sum(self.proposed),
             "accepted_tokens": sum(self.accepted),
             "seconds": self.seconds,
+            "first_token_seconds": self.first_token_seconds,
         }
         for i in range(1, k + 1):
             row[f"accept_pos_{i}"] = sum(1 for a in self.accepted if a >= i)
@@ -233,15 +235,16 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
     synchronize(device)
     start = time.perf_counter()
     logits, _ = target.start(prompt_ids, capacity=len(prompt_ids) + max_new_tokens)
-    tokens: list[int] = []
-    while True:
-        next_token = logits[-1].argmax()
-        tokens.append(int(next_token))  # the host must see each token to apply the stopping rule
-        if _done(tokens, tokens[-1:], max_new_tokens, stop_ids):
-            break
+    next_token = logits[-1].argmax()
+    tokens = [int(next_token)]  # the host must see each token to apply the stopping rule
+    first_token_seconds = time.perf_counter() - start
+    while not _done(tokens, tokens[-1:], max_new_tokens, stop_ids):
         logits, _ = target.forward(next_token.view(1, 1), keep=1)
+        next_token = logits[-1].argmax()
+        tokens.append(int(next_token))
     synchronize(device)
-    return Trace(tokens=tokens, target_forwards=len(tokens), seconds=time.perf_counter() - start)
+    return Trace(tokens=tokens, target_forwards=len(tokens), seconds=time.perf_counter() - start,
+                 first_token_seconds=first_token_seconds)
 
 
 @torch.inference_mode()
@@ -258,7 +261,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     prompt = torch.tensor(prompt_ids, device=device)
     last = logits[-1].argmax().view(1)
     tokens = [int(last)]
-    trace = Trace(tokens=tokens, target_forwards=1)
+    trace = Trace(tokens=tokens, target_forwards=1, first_token_seconds=time.perf_counter() - start)
     context = list(prompt_ids) + tokens  # host copy for n-gram lookup
     proposer.start(torch.cat([prompt[1:], last]), aux, capacity)
     done = _done(tokens, tokens, max_new_tokens, stop_ids)

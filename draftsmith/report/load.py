@@ -71,6 +71,7 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                 "per_position_acceptance": m["per_position_acceptance"],
                 "tokens_per_s": m["tokens_per_s"],
                 "speedup": m["speedup"],
+                "decode_speedup": m.get("decode_speedup"),
                 "lossless": m.get("lossless"),
                 "mismatched_count": len(m.get("mismatched_prompts") or []),
                 "max_divergence_gap": max((d["logit_gap"] for d in (m.get("divergences") or {}).values()

@@ -31,7 +31,8 @@ SECTIONS = [
     ("summary", "Benchmark summary",
      "Acceptance length = generated tokens per target forward (the bonus token included). Per-position "
      "acceptance = fraction of drafts whose first i tokens were all accepted. Speedup = tokens/s over "
-     "target-only greedy decoding on the same prompts."),
+     "target-only greedy decoding on the same prompts; after the first token = the same for the tokens after "
+     "each prompt's first (the prompt's forward, paid once by every method, left out; offline backend only)."),
     ("categories", "Acceptance length per prompt category",
      "Generated tokens per target forward over each category's prompts (MT-Bench's categories, or the "
      "synthetic task families), per method and variant; prompts = prompts in the category."),

@@ -40,6 +40,7 @@ def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
         "per-position acceptance": df["per_position_acceptance"],
         "tokens/s": df["tokens_per_s"],
         "speedup": df["speedup"],
+        "speedup after the first token": df["decode_speedup"],
         "c = draft step / target step": df["cost_ratio"],
         "ideal speedup τ/(1+k·c)": df["ideal_speedup"],
         "lossless": df["lossless"],
@@ -140,7 +141,7 @@ def fmt(value, digits: int = 3) -> str:
 
 
 # digits per table column; other float columns get 3
-DIGITS = {"tokens/s": 1, "speedup": 2, "ideal speedup τ/(1+k·c)": 2, "final train loss": 4, "final val loss": 4}
+DIGITS = {"tokens/s": 1, "speedup": 2, "speedup after the first token": 2, "ideal speedup τ/(1+k·c)": 2, "final train loss": 4, "final val loss": 4}
 
 
 def display(df: pd.DataFrame) -> pd.DataFrame:
