@@ -445,8 +445,9 @@ class Eagle3Proposer:
         if self.verified and n <= k + 1:  # a round after a verification
             drafted = self.graphs.run((n, k), draft_round, tokens, aux)
         elif not self.verified and self.graphs.enabled and bucket + k <= self.cache.max_length:  # a prompt, padded
-            padded = (torch.nn.functional.pad(tokens, (0, bucket - n)), torch.nn.functional.pad(aux, (0, 0, 0, bucket - n)))
-            drafted = self.graphs.run(("prompt", bucket, k), draft_round, *padded)
+            pad = torch.nn.functional.pad
+            drafted = self.graphs.run(("prompt", bucket, k), draft_round, pad(tokens, (0, bucket - n)),
+                                      pad(aux, (0, 0, 0, bucket - n)))
         else:
             drafted = draft_round(tokens, aux)
         self.verified += n

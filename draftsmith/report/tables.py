@@ -141,7 +141,8 @@ def fmt(value, digits: int = 3) -> str:
 
 
 # digits per table column; other float columns get 3
-DIGITS = {"tokens/s": 1, "speedup": 2, "speedup after the first token": 2, "ideal speedup τ/(1+k·c)": 2, "final train loss": 4, "final val loss": 4}
+DIGITS = {"tokens/s": 1, "speedup": 2, "speedup after the first token": 2, "ideal speedup τ/(1+k·c)": 2,
+          "final train loss": 4, "final val loss": 4}
 
 
 def display(df: pd.DataFrame) -> pd.DataFrame:
