@@ -24,14 +24,9 @@ from draftsmith.io import write_text
 
 def round_costs(per_prompt: pd.DataFrame) -> pd.DataFrame:
     df = per_prompt.copy()
-    order = list(dict.fromkeys(df["prompt_id"]))
-    lengths = df.drop_duplicates("prompt_id").set_index("prompt_id")["prompt_tokens"]
-    seen: set[int] = set()
-    first = {}
-    for pid in order:
-        first[pid] = int(lengths[pid]) not in seen
-        seen.add(int(lengths[pid]))
-    df["first_of_length"] = df["prompt_id"].map(first)
+    prompts = df.drop_duplicates("prompt_id")  # in run order
+    first = ~prompts["prompt_tokens"].duplicated()
+    df["first_of_length"] = df["prompt_id"].map(dict(zip(prompts["prompt_id"], first)))
     df["ms_per_forward"] = 1e3 * df["seconds"] / df["target_forwards"]
     base = df[df["method"] == BASELINE].set_index("prompt_id")
     rows = []

@@ -33,6 +33,7 @@ from draftsmith.benchmark.cuda_graphs import (
     StepGraphs,
     positions_and_mask,
     prompt_bucket,
+    prompt_buckets,
     reserved,
 )
 from draftsmith.target_model.layers import find_decoder, text_config
@@ -162,7 +163,7 @@ class TargetModel:
         a timed decode. Reserve the cache the decodes need first: growing it later drops these graphs."""
         if not self.graphs.enabled:
             return
-        buckets = sorted({prompt_bucket(n) for n in range(1, longest_prompt + 1)})
+        buckets = prompt_buckets(longest_prompt)
         self.reserve(buckets[-1] + k + 1)
         for bucket in buckets:
             for with_aux in {False, bool(self.aux_layer_ids)}:
@@ -423,7 +424,7 @@ class Eagle3Proposer:
             return (torch.zeros((1, n), dtype=torch.long, device=fc.weight.device),
                     torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
 
-        buckets = sorted({prompt_bucket(n) for n in range(1, longest_prompt + 1)})
+        buckets = prompt_buckets(longest_prompt)
         self.reserve(buckets[-1] + (k + 1) * (k + 2) // 2 + k)
         for bucket in buckets:
             self.start(*zeros(bucket), capacity=bucket + k)
