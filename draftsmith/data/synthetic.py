@@ -9,8 +9,12 @@ bounded by the prompt's forward pass, which every method pays once.
 
 from __future__ import annotations
 
+import logging
 import random
+from collections import Counter
 from typing import Callable
+
+log = logging.getLogger(__name__)
 
 NAMES = ["Alice", "Bob", "Chen", "Dana", "Emil", "Fatima", "Goran", "Hana", "Ivan", "Julia"]
 WORDS = [
@@ -171,4 +175,16 @@ def generate_corpus(num_records: int, num_heldout: int, seed: int) -> tuple[list
         if repr(record["messages"]) not in seen:
             seen.add(repr(record["messages"]))
             heldout.append(record)
+    log_heldout_mix(heldout)
     return train, heldout
+
+
+def log_heldout_mix(heldout: list[dict]) -> None:
+    """Log the held-out records per task, and warn about tasks with none: benchmarks on the held-out split skip them."""
+    per_task = Counter(record["task"] for record in heldout)
+    log.info("held-out records per task: %s", ", ".join(f"{task} {n}" for task, n in sorted(per_task.items())))
+    missing = sorted(set(TASKS) - set(per_task))
+    if missing:
+        log.warning("no held-out record of task %s: held-out records must not occur in the train split, and these "
+                    "tasks have few distinct conversations, most of them in the train split; benchmarks on the "
+                    "held-out prompts leave them out", ", ".join(missing))
