@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements in few calls to the GPU machine (its image: python3 with torch, no network).
 #   perf/gpu_suite.sh pipeline   # install carried wheels; the whole DAG on config/gpu.yaml (hf backend, GPU training, offline benchmark)
+#                                # (UNTIL="rule ...": stop after those rules, e.g. "extract_hidden_states vocab_map" for `training`)
 #   perf/gpu_suite.sh perf       # extraction throughput (reference preset) and training throughput vs speculators' recipe
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
@@ -33,7 +34,8 @@ round_costs() {  # where the benchmark's time went, per method (first-of-a-lengt
 case "${1:-pipeline}" in
 pipeline)
   start=$(date +%s)
-  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu.yaml ${EXTRA_CONFIG:-} --resources gpu=1 > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
+  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu.yaml ${EXTRA_CONFIG:-} \
+    --resources gpu=1 ${UNTIL:+--until $UNTIL} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs results-gpu
   tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
@@ -71,8 +73,9 @@ smollm2)
   exit "${status:-0}"
   ;;
 training)  # on the shards an earlier `pipeline` call left in results-gpu: >= 100 optimizer steps per run
+  # (REPEATS=n alternates the two runs n times; PROFILE=1 adds a profile of draftsmith's steady steps)
   python3 perf/training_throughput.py --results results-gpu --min-steps "${MIN_STEPS:-100}" --total-seq-length "${TOTAL_SEQ:-8192}" \
-    --table "$OUT/training.md" 2>&1 | tail -n 30
+    --repeats "${REPEATS:-1}" ${PROFILE:+--profile "$OUT/training_profile.txt"} --table "$OUT/training.md" 2>&1 | tail -n 30
   ;;
 decode)  # eager vs CUDA-graph decoding loops on the draft an earlier `pipeline` call left in results-gpu
   python3 perf/decode_speed.py --results results-gpu --num-prompts "${NUM_PROMPTS:-6}" --table "$OUT/decode_speed.md" \

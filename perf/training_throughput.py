@@ -7,6 +7,10 @@ Both run one epoch over the same shards with the same sequence budget, TTT steps
 shared warm-up so neither pays torch.compile alone. GPU only: speculators 0.3.0 cannot train on CPU.
 
     python perf/training_throughput.py --results results-gpu --epochs 1 --table perf/results/training.md
+
+--repeats n alternates the two runs n times (recipe, ours, recipe, ours, ...) to show the run-to-run spread;
+--profile FILE profiles a few steady steps of a separate one-epoch draftsmith run (torch.profiler: the ops that
+take the time, and how busy the device was over those steps).
 """
 
 from __future__ import annotations
@@ -32,15 +36,19 @@ from draftsmith.training.trainer import run_training, split_train_val  # noqa: E
 
 
 class StepTimer(logging.Handler):
-    """Timestamps each training step from speculators' metric records (both runs emit them)."""
+    """Timestamps each training step from speculators' metric records (both runs emit them); `on_step`, if
+    given, is called after each step (a profiler's step())."""
 
-    def __init__(self):
+    def __init__(self, on_step=None):
         super().__init__()
         self.times: list[float] = []
+        self.on_step = on_step
 
     def emit(self, record):
         if isinstance(record.msg, dict) and "train" in record.msg:
             self.times.append(time.perf_counter())
+            if self.on_step is not None:
+                self.on_step()
 
     def steady_steps_per_s(self, skip: int = 3) -> float:
         """Steps per second from the median step interval after `skip` steps: in-epoch speed, without the
@@ -53,18 +61,42 @@ class StepTimer(logging.Handler):
         return float(np.sum(gaps - np.median(gaps)))
 
 
-def timed(fn, *args):
-    timer = StepTimer()
+def timed(fn, *args, on_step=None):
+    timer = StepTimer(on_step)
     logger = logging.getLogger("speculators.metrics")
     logger.setLevel(logging.INFO)
     logger.addHandler(timer)
     start = time.perf_counter()
     try:
         fn(*args)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     finally:
         logger.removeHandler(timer)
     return time.perf_counter() - start, timer
+
+
+def profile_steps(fn, args, path, wait: int = 10, active: int = 5) -> dict:
+    """Run `fn(args)` under torch.profiler, recording `active` training steps after `wait` + 1 warm-up steps; write
+    the ops that took the time to `path`. Returns the recorded steps' wall seconds and the device's busy seconds in
+    them (the sum of its kernels' times: 0 on a CPU run)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, schedule=schedule(wait=wait, warmup=1, active=active, repeat=1)) as prof:
+        _, timer = timed(fn, args, on_step=prof.step)
+    if len(timer.times) < wait + 1 + active:
+        raise RuntimeError(f"the profiled run took {len(timer.times)} steps; the profile needs {wait + 1 + active}")
+    events = prof.key_averages()
+    # the recorded steps run from the end of step wait + 1 (the warm-up step) to the end of step wait + 1 + active
+    steps_s = timer.times[wait + active] - timer.times[wait]
+    device_s = sum(e.self_device_time_total for e in events) / 1e6
+    sort_by = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    summary = {"steps": active, "wall_s": steps_s, "device_busy_s": device_s, "device_busy_fraction": device_s / steps_s}
+    write_text(path, f"{active} training steps of draftsmith's train_draft after {wait + 1}: {steps_s:.3f} s wall, "
+               f"device kernels {device_s:.3f} s ({100 * device_s / steps_s:.0f}% busy)\n\n"
+               + events.table(sort_by=sort_by, row_limit=30) + "\n")
+    return summary
 
 
 def upstream_recipe(files, val_files, d2t_path, t2d_path, target, cfg, save_path):
@@ -126,6 +158,8 @@ def main():
     ap.add_argument("--min-steps", type=int, default=0, help="raise --epochs until each run takes at least this many steps")
     ap.add_argument("--total-seq-length", type=int, default=8192)
     ap.add_argument("--table", default="perf/results/training.md")
+    ap.add_argument("--repeats", type=int, default=1, help="alternate the two runs this many times (run-to-run spread)")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of draftsmith's steady steps here")
     args = ap.parse_args()
     results = Path(args.results)
     target = TargetSpec(args.target or str(results / "target"))
@@ -151,11 +185,20 @@ def main():
         print(f"{per_epoch} steps per epoch: {args.epochs} epochs for >= {args.min_steps} steps", flush=True)
 
     compile_s = warm_up(train_files, d2t, t2d, target, cfg)
+    recipe, ours = "speculators 0.3.0 recipe (scripts/train.py setup)", "draftsmith train_draft"
+    runs = []  # (repeat, name, wall seconds, StepTimer)
     with tempfile.TemporaryDirectory() as tmp:
-        t_upstream, up = timed(upstream_recipe, train_files, val_files, d2t, t2d, target, cfg, Path(tmp) / "upstream")
-        ours_args = {"manifests": manifests, "d2t": d2t, "t2d": t2d, "target": target.to_dict(), "training": cfg,
-                     "state_dir": str(Path(tmp) / "ours"), "variant": "bench", "gpus": 1, "num_workers": 8}
-        t_ours, us = timed(run_training, ours_args)
+        for repeat in range(args.repeats):
+            secs, timer = timed(upstream_recipe, train_files, val_files, d2t, t2d, target, cfg, Path(tmp) / f"upstream{repeat}")
+            runs.append((repeat, recipe, secs, timer))
+            ours_args = {"manifests": manifests, "d2t": d2t, "t2d": t2d, "target": target.to_dict(), "training": cfg,
+                         "state_dir": str(Path(tmp) / f"ours{repeat}"), "variant": "bench", "gpus": 1, "num_workers": 8}
+            secs, timer = timed(run_training, ours_args)
+            runs.append((repeat, ours, secs, timer))
+        profile = None
+        if args.profile:
+            profile_args = {**ours_args, "training": {**cfg, "epochs": 1}, "state_dir": str(Path(tmp) / "profiled")}
+            profile = profile_steps(run_training, profile_args, args.profile)
 
     device = torch.cuda.get_device_name(0)
     tokens = train_tokens * args.epochs
@@ -163,26 +206,37 @@ def main():
         f"Draft training throughput, {len(manifests)} shards, {len(train_files)} training samples ({train_tokens} tokens), "
         f"{args.epochs} epoch(s) each with validation and checkpointing, total_seq_length {args.total_seq_length}, 3 TTT steps, "
         f"on {device}; {time.strftime('%Y-%m-%d')}; torch {package_versions().get('torch')}, speculators "
-        f"{package_versions().get('speculators')}. Shared warm-up (torch.compile) took {compile_s:.1f} s, excluded.",
+        f"{package_versions().get('speculators')}. Shared warm-up (torch.compile) took {compile_s:.1f} s, excluded. "
+        f"Runs alternate, {args.repeats} of each; ratios are against the recipe run of the same repeat.",
         "",
-        "| run | wall s | tokens/s (wall) | steps | pauses s | steady tokens/s (median step) | ratio (steady) | ratio (wall) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| repeat | run | wall s | tokens/s (wall) | steps | pauses s | steady tokens/s (median step) | ratio (steady) | ratio (wall) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    steady = {}
-    for name, secs, timer in (("speculators 0.3.0 recipe (scripts/train.py setup)", t_upstream, up),
-                              ("draftsmith train_draft", t_ours, us)):
-        steady[name] = tokens / len(timer.times) * timer.steady_steps_per_s()
-    base = steady["speculators 0.3.0 recipe (scripts/train.py setup)"]
-    for name, secs, timer in (("speculators 0.3.0 recipe (scripts/train.py setup)", t_upstream, up),
-                              ("draftsmith train_draft", t_ours, us)):
-        lines.append(f"| {name} | {secs:.1f} | {tokens / secs:,.0f} | {len(timer.times)} | {timer.pauses_s():.1f} | "
-                     f"{steady[name]:,.0f} | {steady[name] / base:.2f} | {t_upstream / secs:.2f} |")
+    steady = [tokens / len(timer.times) * timer.steady_steps_per_s() for _, _, _, timer in runs]
+    ratios = {"steady": [], "wall": []}
+    for i, (repeat, name, secs, timer) in enumerate(runs):
+        base = i - i % 2  # the recipe run of this repeat
+        steady_ratio, wall_ratio = steady[i] / steady[base], runs[base][2] / secs
+        if name == ours:
+            ratios["steady"].append(steady_ratio)
+            ratios["wall"].append(wall_ratio)
+        lines.append(f"| {repeat + 1} | {name} | {secs:.1f} | {tokens / secs:,.0f} | {len(timer.times)} | "
+                     f"{timer.pauses_s():.1f} | {steady[i]:,.0f} | {steady_ratio:.3f} | {wall_ratio:.2f} |")
+    if args.repeats > 1:
+        recipe_steady = steady[0::2]
+        lines += ["", f"draftsmith / recipe, steady: median {np.median(ratios['steady']):.3f} (runs "
+                  + ", ".join(f"{r:.3f}" for r in ratios["steady"]) + "); the recipe's own runs spread "
+                  f"{100 * (max(recipe_steady) - min(recipe_steady)) / np.median(recipe_steady):.1f}% (max - min over median)."]
+    if profile:
+        lines += ["", f"Profile ({args.profile}): {profile['steps']} steady draftsmith steps, {profile['wall_s']:.3f} s wall, "
+                  f"device kernels {profile['device_busy_s']:.3f} s ({100 * profile['device_busy_fraction']:.0f}% busy)."]
     table = "\n".join(lines) + "\n"
     print(table)
     write_text(args.table, table)
     write_text(Path(args.table).with_suffix(".json"), json.dumps(
-        {"upstream_s": t_upstream, "ours_s": t_ours, "tokens": tokens, "steady_tps": steady, "device": device,
-         "compile_s": compile_s}, indent=2) + "\n")
+        {"runs": [{"repeat": r + 1, "run": name, "wall_s": secs, "steps": len(t.times), "steady_tps": tps}
+                  for (r, name, secs, t), tps in zip(runs, steady)],
+         "ratios": ratios, "tokens": tokens, "device": device, "compile_s": compile_s, "profile": profile}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

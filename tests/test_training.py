@@ -239,3 +239,27 @@ def test_data_fraction_trains_on_a_seeded_subset_validated_on_the_same_samples(t
     assert training_split(training_inputs["manifests"], {**TRAINING, "data_fraction": 0.5}) == half
     summary = data_summary(training_inputs["manifests"], {**TRAINING, "data_fraction": 0.5})
     assert summary["train_samples"] == len(half[1][0]) and summary["train_tokens"] == sum(half[1][1])
+
+
+def test_training_throughput_profile_covers_steady_steps_of_a_real_run(training_inputs, tiny_target, tmp_path):
+    """perf/training_throughput.py's profile_steps around a real train_draft run (CPU: the SDPA stand-in): it
+    records the steps it names, inside the run, and writes the ops that took their time."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("training_throughput",
+                                                  Path(__file__).parents[1] / "perf" / "training_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = {"manifests": training_inputs["manifests"], "d2t": training_inputs["d2t"], "t2d": training_inputs["t2d"],
+            "target": TargetSpec(str(tiny_target)).to_dict(), "variant": "profiled", "gpus": 0, "num_workers": 0,
+            "training": {**TRAINING, "total_seq_length": 128, "resume": False}, "state_dir": str(tmp_path / "state")}
+    summary = module.profile_steps(module.run_training, args, tmp_path / "profile.txt", wait=2, active=3)
+    text = (tmp_path / "profile.txt").read_text()
+    assert text.startswith("3 training steps of draftsmith's train_draft after 3:")
+    assert summary["steps"] == 3 and 0 < summary["wall_s"] < 60
+    assert summary["device_busy_s"] == 0  # no CUDA kernels on a CPU run
+    assert "aten::mm" in text or "aten::addmm" in text  # the draft's linear layers ran inside the window
+    with pytest.raises(RuntimeError, match="the profile needs"):
+        module.profile_steps(module.run_training, {**args, "state_dir": str(tmp_path / "again")}, tmp_path / "p2.txt",
+                             wait=500, active=3)
