@@ -32,7 +32,7 @@ from draftsmith.extraction.shards import shard_files  # noqa: E402
 from draftsmith.io import read_json, write_text  # noqa: E402
 from draftsmith.provenance import package_versions  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec  # noqa: E402
-from draftsmith.training.trainer import run_training, split_train_val  # noqa: E402
+from draftsmith.training.trainer import matmul_precision, run_training, split_train_val  # noqa: E402
 
 
 class StepTimer(logging.Handler):
@@ -80,6 +80,7 @@ def profile_steps(fn, args, path, wait: int = 10, active: int = 5) -> dict:
     """Run `fn(args)` under torch.profiler, recording `active` training steps after `wait` + 1 warm-up steps; write
     the ops that took the time to `path`. Returns the recorded steps' wall seconds and the device's busy seconds in
     them (the sum of its kernels' times: 0 on a CPU run)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -90,7 +91,10 @@ def profile_steps(fn, args, path, wait: int = 10, active: int = 5) -> dict:
     events = prof.key_averages()
     # the recorded steps run from the end of step wait + 1 (the warm-up step) to the end of step wait + 1 + active
     steps_s = timer.times[wait + active] - timer.times[wait]
-    device_s = sum(e.self_device_time_total for e in events) / 1e6
+    # kernel and copy events only (as the table's "Self CUDA time total"): their launching ops and the step
+    # annotations repeat the same time
+    device_s = sum(e.self_device_time_total for e in events
+                   if e.device_type != DeviceType.CPU and not e.is_user_annotation) / 1e6
     sort_by = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     summary = {"steps": active, "wall_s": steps_s, "device_busy_s": device_s, "device_busy_fraction": device_s / steps_s}
     write_text(path, f"{active} training steps of draftsmith's train_draft after {wait + 1}: {steps_s:.3f} s wall, "
@@ -130,7 +134,7 @@ def upstream_recipe(files, val_files, d2t_path, t2d_path, target, cfg, save_path
 
 
 def warm_up(files, d2t_path, t2d_path, target, cfg):
-    """Compile the draft's forward/backward once so both measured runs find it compiled."""
+    """Compile the draft's forward/backward once (at the current matmul precision) so the runs find it compiled."""
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
 
     from draftsmith.training.draft_model import build_draft
@@ -160,6 +164,8 @@ def main():
     ap.add_argument("--table", default="perf/results/training.md")
     ap.add_argument("--repeats", type=int, default=1, help="alternate the two runs this many times (run-to-run spread)")
     ap.add_argument("--profile", default=None, help="write a torch.profiler table of draftsmith's steady steps here")
+    ap.add_argument("--tf32", choices=["on", "off"], default="on",
+                    help="draftsmith's training.tf32 (the recipe runs at PyTorch's default, full float32)")
     args = ap.parse_args()
     results = Path(args.results)
     target = TargetSpec(args.target or str(results / "target"))
@@ -167,7 +173,7 @@ def main():
     d2t, t2d = str(results / "vocab" / "d2t.npy"), str(results / "vocab" / "t2d.npy")
     cfg = {"draft_layers": 1, "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "lr": 1e-4, "epochs": args.epochs,
            "total_seq_length": args.total_seq_length, "scheduler": "linear", "warmup_steps": None, "noise_std": 0.05,
-           "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1}
+           "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1, "tf32": args.tf32 == "on"}
     if not manifests or not Path(d2t).is_file():
         sys.exit(f"{results}: no shards or vocab map; build them first, e.g. `snakemake --cores all --configfile "
                  "config/gpu.yaml` (perf/gpu_suite.sh pipeline) or pass --results of a finished run")
@@ -184,60 +190,72 @@ def main():
         cfg["epochs"] = args.epochs
         print(f"{per_epoch} steps per epoch: {args.epochs} epochs for >= {args.min_steps} steps", flush=True)
 
+    # torch.compile guards on the matmul precision: compile once for each run's setting
     compile_s = warm_up(train_files, d2t, t2d, target, cfg)
+    if cfg["tf32"]:
+        with matmul_precision(True):
+            compile_s += warm_up(train_files, d2t, t2d, target, cfg)
     recipe, ours = "speculators 0.3.0 recipe (scripts/train.py setup)", "draftsmith train_draft"
+    device = torch.cuda.get_device_name(0)
+    tokens = train_tokens * args.epochs
+
+    def report(runs, profile=None):
+        """Print and write the table so far (after every run: a call cut short still leaves its numbers)."""
+        lines = [
+            f"Draft training throughput, {len(manifests)} shards, {len(train_files)} training samples ({train_tokens} "
+            f"tokens), {args.epochs} epoch(s) each with validation and checkpointing, total_seq_length "
+            f"{args.total_seq_length}, 3 TTT steps, on {device}; {time.strftime('%Y-%m-%d')}; torch "
+            f"{package_versions().get('torch')}, speculators {package_versions().get('speculators')}. Shared warm-up "
+            f"(torch.compile) took {compile_s:.1f} s, excluded. Runs alternate, {args.repeats} of each; ratios are "
+            "against the recipe run of the same repeat. float32 matmuls: the recipe full float32 (PyTorch's default), "
+            f"draftsmith {'TF32' if cfg['tf32'] else 'full float32'} (training.tf32).",
+            "",
+            "| repeat | run | wall s | tokens/s (wall) | steps | pauses s | steady tokens/s (median step) | ratio (steady) | ratio (wall) |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        steady = [tokens / len(timer.times) * timer.steady_steps_per_s() for _, _, _, timer in runs]
+        ratios = {"steady": [], "wall": []}
+        for i, (repeat, name, secs, timer) in enumerate(runs):
+            base = i - i % 2  # the recipe run of this repeat
+            steady_ratio, wall_ratio = steady[i] / steady[base], runs[base][2] / secs
+            if name == ours:
+                ratios["steady"].append(steady_ratio)
+                ratios["wall"].append(wall_ratio)
+            lines.append(f"| {repeat + 1} | {name} | {secs:.1f} | {tokens / secs:,.0f} | {len(timer.times)} | "
+                         f"{timer.pauses_s():.1f} | {steady[i]:,.0f} | {steady_ratio:.3f} | {wall_ratio:.2f} |")
+        if len(ratios["steady"]) > 1:
+            recipe_steady = steady[0::2]
+            lines += ["", f"draftsmith / recipe, steady: median {np.median(ratios['steady']):.3f} (runs "
+                      + ", ".join(f"{r:.3f}" for r in ratios["steady"]) + "); the recipe's own runs spread "
+                      f"{100 * (max(recipe_steady) - min(recipe_steady)) / np.median(recipe_steady):.1f}% "
+                      "(max - min over median)."]
+        if profile:
+            lines += ["", f"Profile ({Path(args.profile).name}): {profile['steps']} steady draftsmith steps, "
+                      f"{profile['wall_s']:.3f} s wall, device kernels {profile['device_busy_s']:.3f} s "
+                      f"({100 * profile['device_busy_fraction']:.0f}% busy)."]
+        table = "\n".join(lines) + "\n"
+        print(table, flush=True)
+        write_text(args.table, table)
+        write_text(Path(args.table).with_suffix(".json"), json.dumps(
+            {"runs": [{"repeat": r + 1, "run": name, "wall_s": secs, "steps": len(t.times), "steady_tps": tps}
+                      for (r, name, secs, t), tps in zip(runs, steady)],
+             "ratios": ratios, "tokens": tokens, "device": device, "compile_s": compile_s, "tf32": cfg["tf32"],
+             "profile": profile}, indent=2) + "\n")
+
     runs = []  # (repeat, name, wall seconds, StepTimer)
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             secs, timer = timed(upstream_recipe, train_files, val_files, d2t, t2d, target, cfg, Path(tmp) / f"upstream{repeat}")
             runs.append((repeat, recipe, secs, timer))
+            report(runs)
             ours_args = {"manifests": manifests, "d2t": d2t, "t2d": t2d, "target": target.to_dict(), "training": cfg,
                          "state_dir": str(Path(tmp) / f"ours{repeat}"), "variant": "bench", "gpus": 1, "num_workers": 8}
             secs, timer = timed(run_training, ours_args)
             runs.append((repeat, ours, secs, timer))
-        profile = None
+            report(runs)
         if args.profile:
             profile_args = {**ours_args, "training": {**cfg, "epochs": 1}, "state_dir": str(Path(tmp) / "profiled")}
-            profile = profile_steps(run_training, profile_args, args.profile)
-
-    device = torch.cuda.get_device_name(0)
-    tokens = train_tokens * args.epochs
-    lines = [
-        f"Draft training throughput, {len(manifests)} shards, {len(train_files)} training samples ({train_tokens} tokens), "
-        f"{args.epochs} epoch(s) each with validation and checkpointing, total_seq_length {args.total_seq_length}, 3 TTT steps, "
-        f"on {device}; {time.strftime('%Y-%m-%d')}; torch {package_versions().get('torch')}, speculators "
-        f"{package_versions().get('speculators')}. Shared warm-up (torch.compile) took {compile_s:.1f} s, excluded. "
-        f"Runs alternate, {args.repeats} of each; ratios are against the recipe run of the same repeat.",
-        "",
-        "| repeat | run | wall s | tokens/s (wall) | steps | pauses s | steady tokens/s (median step) | ratio (steady) | ratio (wall) |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    steady = [tokens / len(timer.times) * timer.steady_steps_per_s() for _, _, _, timer in runs]
-    ratios = {"steady": [], "wall": []}
-    for i, (repeat, name, secs, timer) in enumerate(runs):
-        base = i - i % 2  # the recipe run of this repeat
-        steady_ratio, wall_ratio = steady[i] / steady[base], runs[base][2] / secs
-        if name == ours:
-            ratios["steady"].append(steady_ratio)
-            ratios["wall"].append(wall_ratio)
-        lines.append(f"| {repeat + 1} | {name} | {secs:.1f} | {tokens / secs:,.0f} | {len(timer.times)} | "
-                     f"{timer.pauses_s():.1f} | {steady[i]:,.0f} | {steady_ratio:.3f} | {wall_ratio:.2f} |")
-    if args.repeats > 1:
-        recipe_steady = steady[0::2]
-        lines += ["", f"draftsmith / recipe, steady: median {np.median(ratios['steady']):.3f} (runs "
-                  + ", ".join(f"{r:.3f}" for r in ratios["steady"]) + "); the recipe's own runs spread "
-                  f"{100 * (max(recipe_steady) - min(recipe_steady)) / np.median(recipe_steady):.1f}% (max - min over median)."]
-    if profile:
-        lines += ["", f"Profile ({args.profile}): {profile['steps']} steady draftsmith steps, {profile['wall_s']:.3f} s wall, "
-                  f"device kernels {profile['device_busy_s']:.3f} s ({100 * profile['device_busy_fraction']:.0f}% busy)."]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    write_text(args.table, table)
-    write_text(Path(args.table).with_suffix(".json"), json.dumps(
-        {"runs": [{"repeat": r + 1, "run": name, "wall_s": secs, "steps": len(t.times), "steady_tps": tps}
-                  for (r, name, secs, t), tps in zip(runs, steady)],
-         "ratios": ratios, "tokens": tokens, "device": device, "compile_s": compile_s, "profile": profile}, indent=2) + "\n")
-
+            report(runs, profile_steps(run_training, profile_args, args.profile))
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
 
 AUX = [1, 3, 4]
 TRAINING = {"draft_layers": 1, "ttt_steps": 2, "ttt_step_loss_decay": 1.0, "lr": 0.003, "epochs": 2,
-            "total_seq_length": 256, "scheduler": "none", "warmup_steps": None, "noise_std": 0.0,
+            "total_seq_length": 256, "scheduler": "none", "warmup_steps": None, "noise_std": 0.0, "tf32": True,
             "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": True, "gpus": 0}
 
 
@@ -263,3 +263,27 @@ def test_training_throughput_profile_covers_steady_steps_of_a_real_run(training_
     with pytest.raises(RuntimeError, match="the profile needs"):
         module.profile_steps(module.run_training, {**args, "state_dir": str(tmp_path / "again")}, tmp_path / "p2.txt",
                              wait=500, active=3)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_setting_holds_over_the_training_steps_and_is_restored(training_inputs, tiny_target, tf32):
+    """training.tf32 sets torch's TF32 matmul flag for the Trainer's steps (whatever it was before), puts the old
+    value back after, and is part of the training state's fingerprint."""
+    seen = []
+
+    class Probe(logging.Handler):
+        def emit(self, record):
+            if isinstance(record.msg, dict) and "train" in record.msg:
+                seen.append(torch.backends.cuda.matmul.allow_tf32)
+
+    probe, metrics = Probe(), logging.getLogger("speculators.metrics")
+    metrics.addHandler(probe)
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        out, _ = train(training_inputs, tiny_target, f"tf32_{tf32}", epochs=1, tf32=tf32)
+        assert torch.backends.cuda.matmul.allow_tf32 is (not tf32)
+    finally:
+        metrics.removeHandler(probe)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    assert seen and set(seen) == {tf32}
+    assert read_json(out / "state" / "fingerprint.json")["training"]["tf32"] is tf32

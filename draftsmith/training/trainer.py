@@ -12,6 +12,9 @@ draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
   only when they are unchanged.
 - Metrics: the Trainer logs to the `speculators.metrics` logger; a handler writes them to a
   CSV (per step and per epoch) and drives a plain tqdm bar.
+- Matmul precision: the draft trains in float32, and PyTorch's default runs float32 matmuls
+  without tensor cores (on an H200 most of a step went to SIMT sgemm kernels).
+  `training.tf32` (default on) runs them, and FlexAttention's, in TF32 for the training run.
 Training targets come from the last stored layer, which draftsmith's shards store after
 the final norm (speculators 0.3.0's own generator stored it before the norm).
 """
@@ -27,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -215,6 +219,18 @@ def use_cpu_attention(model) -> None:
         layer.self_attn.config._attn_implementation = name
 
 
+@contextmanager
+def matmul_precision(tf32: bool):
+    """float32 matmuls (FlexAttention's included) in TF32 on CUDA tensor cores, or in full float32, for the
+    duration; the previous setting after. torch.compile guards on it, so compiled code matches the setting."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def run_training(args: dict) -> None:
     """One training process (all ranks run this under torchrun)."""
     from speculators.train.trainer import TrainerConfig
@@ -268,6 +284,8 @@ def run_training(args: dict) -> None:
     metric_logger.propagate = False  # one dict per step would flood the rule's log; MetricsCSV keeps them
     bar = None
     handler = None
+    if use_cuda:
+        log.info("float32 matmuls in %s (training.tf32)", "TF32 on tensor cores" if cfg["tf32"] else "full float32")
     try:
         DraftTrainer = make_trainer_class()
         trainer = DraftTrainer(draft, trainer_config, train_loader, val_loader)
@@ -279,7 +297,8 @@ def run_training(args: dict) -> None:
             metric_logger.addHandler(handler)
             if trainer.current_epoch:
                 log.info("resuming from the checkpoint of epoch %d", trainer.current_epoch - 1)
-        trainer.run_training()
+        with matmul_precision(cfg["tf32"]):
+            trainer.run_training()
     finally:
         if handler is not None:
             metric_logger.removeHandler(handler)
