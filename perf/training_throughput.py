@@ -257,5 +257,6 @@ def main():
             profile_args = {**ours_args, "training": {**cfg, "epochs": 1}, "state_dir": str(Path(tmp) / "profiled")}
             report(runs, profile_steps(run_training, profile_args, args.profile))
 
+
 if __name__ == "__main__":
     main()
