@@ -1,9 +1,11 @@
 """What one draft step costs next to one target step, at batch 1: the cost ratio c.
 
-With acceptance length tau and k draft steps per round, speculative decoding can at best run
-tau / (1 + k * c) times as fast as target-only decoding (a verification forward costing one decode
-step). The benchmark reports c and that bound beside the measured speedup: the gap between them
-is overhead of the loop (host syncs, Python per round, the verification step's extra width).
+With acceptance length tau and k draft steps per round, the cost model tau / (1 + k * c) says how
+many times as fast as target-only decoding speculative decoding runs when a round costs only k
+draft steps and one decode step. The benchmark reports c and that figure beside the measured
+speedup: the gap between them is overhead of the loop (host syncs, Python per round, the
+verification step's extra width). It is a model, not a strict bound: tau counts each prompt's
+forward, which yields one token, so the speedup after the first token can exceed it.
 Each timed call is synchronised on its own, as the decoding loops see it.
 """
 

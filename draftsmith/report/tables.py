@@ -201,8 +201,9 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
                      f" on {s['device']})")
         ideal = draft.get("ideal_speedup")
         if ideal is not None and pd.notna(ideal):
-            text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, so k = "
-                     f"{s.get('num_speculative_tokens')} draft steps per round bound the speedup at {fmt(ideal, 2)}×")
+            text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, and with k = "
+                     f"{s.get('num_speculative_tokens')} draft steps per round the cost model τ/(1+k·c) (a round "
+                     f"costing only its draft steps and one target step) gives {fmt(ideal, 2)}×")
         if draft.get("lossless") is False:
             text += (f"; **its output differed from target-only greedy on {draft['mismatched_count']} of "
                      f"{draft['prompts']} prompts**")
