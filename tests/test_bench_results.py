@@ -64,10 +64,13 @@ def test_per_prompt_and_summary_arithmetic(tmp_path):
     assert spec["acceptance_length"] == pytest.approx(14 / 8)  # ratio of sums, not mean of per-prompt ratios
     # 5 drafts: position 1 accepted in 3 (a: 2, b: 1), position 2 in 2 (a: 1, b: 1), position 3 in 1 (a)
     assert spec["per_position_acceptance"] == pytest.approx([3 / 5, 2 / 5, 1 / 5])
+    # 6 draft tokens accepted over 5 drafts, plus each round's bonus token: 1 + the per-position sum
+    assert spec["tokens_per_drafted_round"] == pytest.approx(1 + 6 / 5) == 1 + sum(spec["per_position_acceptance"])
     assert spec["tokens_per_s"] == pytest.approx(14 / 1.5)
     assert spec["speedup"] == pytest.approx((14 / 1.5) / (14 / 3.0))
     greedy = summary["methods"]["target_greedy"]
     assert greedy["per_position_acceptance"] == [None, None, None] and greedy["speedup"] == pytest.approx(1.0)
+    assert greedy["tokens_per_drafted_round"] is None
     assert spec["lossless"] is True and "lossless" not in greedy and summary["num_speculative_tokens"] == K
     # after the first token: 12 tokens in (0.5 - 0.1) + (1.0 - 0.5) s vs 12 in (1.0 - 0.1) + (2.0 - 0.5) s
     assert spec["decode_tokens_per_s"] == pytest.approx(12 / 0.9)

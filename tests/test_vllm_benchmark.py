@@ -291,6 +291,7 @@ def test_benchmark_tables_and_per_prompt_acceptance(stand_in, tmp_path):
     assert written["backend"] == "vllm" and written["num_speculative_tokens"] == 3 and written["num_prompts"] == 3
     methods = written["methods"]
     assert methods["eagle3_draft"]["per_position_acceptance"] == [1.0, 0.0, 0.0]
+    assert methods["eagle3_draft"]["tokens_per_drafted_round"] == pytest.approx(1 + spec["accepted_tokens"].sum() / 9)
     # one acceptance-length definition: tokens per target forward (16 new tokens over 1 prefill + 9 drafts)
     assert "mean_acceptance_length_counters" not in methods["eagle3_draft"] and "acceptance_length" in written
     assert methods["eagle3_draft"]["acceptance_length"] == pytest.approx(48 / (3 + 9))
@@ -320,6 +321,7 @@ def test_concurrent_requests_report_aggregate_acceptance(stand_in, tmp_path):
     assert spec["counters"]["drafts"] == 2 + 3 + 4
     assert spec["acceptance_length"] == pytest.approx(48 / (3 + 9))
     assert spec["per_position_acceptance"] == [1.0, 0.0, 0.0]
+    assert spec["tokens_per_drafted_round"] == pytest.approx(1 + spec["counters"]["accepted"] / 9)
     assert spec["tokens_per_s"] == pytest.approx(48 / spec["wall_seconds"])
     rows = pd.read_csv(tmp_path / "pp.csv")
     assert rows[rows["method"] == "eagle3_draft"]["drafts"].isna().all()  # not separable per request

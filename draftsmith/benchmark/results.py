@@ -2,7 +2,9 @@
 
 `per_prompt.csv` has one row per (prompt, method); `summary.json` aggregates per method, and within
 each method per prompt category (MT-Bench's eight, the synthetic task families, or "all").
-Acceptance length is tokens generated per target forward pass, the bonus token included. Besides the
+Acceptance length is tokens generated per target forward pass, the bonus token included (each prompt's
+forward counts, and yields one token); `tokens_per_drafted_round` is 1 + accepted draft tokens per draft,
+the tokens a round with a proposal yields (the acceptance length the EAGLE papers report). Besides the
 end-to-end speed, the offline backend times the first token (the prompt's forward, which every method pays
 once): `decode_speedup` compares the tokens after it, per second after it (the time-per-output-token view);
 backends without that time leave it NaN.
@@ -56,6 +58,7 @@ def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
         "prompts": int(len(g)),
         "acceptance_length": float(g["new_tokens"].sum() / g["target_forwards"].sum()),
         "per_position_acceptance": [float(g[c].sum() / drafts) if drafts else None for c in accept_columns(k)],
+        "tokens_per_drafted_round": float(1 + g["accepted_tokens"].sum() / drafts) if drafts else None,
         "new_tokens": new_tokens,
         "seconds": seconds,
         "tokens_per_s": new_tokens / seconds if seconds else math.nan,

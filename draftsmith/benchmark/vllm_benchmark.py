@@ -123,6 +123,8 @@ def summarise_runs(rows: list[dict], totals: dict, k: int, concurrency: int) -> 
                 entry["acceptance_length"] = entry["new_tokens"] / (entry["prompts"] + counters["drafts"])
                 entry["per_position_acceptance"] = [a / counters["drafts"] if counters["drafts"] else None
                                                     for a in counters["accepted_per_pos"]]
+                entry["tokens_per_drafted_round"] = (1 + counters["accepted"] / counters["drafts"]
+                                                     if counters["drafts"] else None)
     if concurrency > 1 and BASELINE in methods:
         for entry in methods.values():
             entry["speedup"] = entry["tokens_per_s"] / methods[BASELINE]["tokens_per_s"]

@@ -69,6 +69,7 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                 "prompts": m["prompts"],
                 "acceptance_length": m["acceptance_length"],
                 "per_position_acceptance": m["per_position_acceptance"],
+                "tokens_per_drafted_round": m.get("tokens_per_drafted_round"),
                 "tokens_per_s": m["tokens_per_s"],
                 "speedup": m["speedup"],
                 "decode_speedup": m.get("decode_speedup"),

@@ -30,7 +30,8 @@ code{font-size:.9em}
 SECTIONS = [
     ("summary", "Benchmark summary",
      "Acceptance length = generated tokens per target forward (the bonus token included). Per-position "
-     "acceptance = fraction of drafts whose first i tokens were all accepted. Speedup = tokens/s over "
+     "acceptance = fraction of drafts whose first i tokens were all accepted; tokens per drafted round = 1 + "
+     "accepted draft tokens per draft (the acceptance length papers report). Speedup = tokens/s over "
      "target-only greedy decoding on the same prompts; after the first token = the same for the tokens after "
      "each prompt's first (the prompt's forward, paid once by every method, left out; offline backend only)."),
     ("categories", "Acceptance length per prompt category",

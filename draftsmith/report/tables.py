@@ -38,6 +38,7 @@ def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
         "prompts": df["prompts"],
         "acceptance length": df["acceptance_length"],
         "per-position acceptance": df["per_position_acceptance"],
+        "tokens per drafted round": df["tokens_per_drafted_round"],
         "tokens/s": df["tokens_per_s"],
         "speedup": df["speedup"],
         "speedup after the first token": df["decode_speedup"],
