@@ -98,7 +98,7 @@ def profile_steps(fn, args, path, wait: int = 10, active: int = 5) -> dict:
     sort_by = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     summary = {"steps": active, "wall_s": steps_s, "device_busy_s": device_s, "device_busy_fraction": device_s / steps_s}
     write_text(path, f"{active} training steps of draftsmith's train_draft after {wait + 1}: {steps_s:.3f} s wall, "
-               f"device kernels {device_s:.3f} s ({100 * device_s / steps_s:.0f}% busy)\n\n"
+               f"device kernels {device_s:.3f} s ({100 * summary['device_busy_fraction']:.0f}% busy)\n\n"
                + events.table(sort_by=sort_by, row_limit=30) + "\n")
     return summary
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import torch
 import yaml
-from conftest import REPO, SNAKEMAKE, snakemake, write_config
+from conftest import REPO, SNAKEMAKE, load_perf_script, snakemake, write_config
 
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.shards import validate_shard
@@ -58,13 +58,9 @@ def test_draft_benchmark_and_report_exist(pipeline_run):
 def test_round_costs_reads_the_benchmarks_per_prompt_table(pipeline_run):
     """perf/round_costs.py on the run's per_prompt.csv: a row per method, with summary.json's acceptance lengths and
     speedups, and the first-of-a-length split covering the run's prompts."""
-    import importlib.util
-
     import pytest
 
-    spec = importlib.util.spec_from_file_location("round_costs", REPO / "perf" / "round_costs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_perf_script("round_costs")
     bench = pipeline_run / "results" / "benchmark" / "default"
     per_prompt = pd.read_csv(bench / "per_prompt.csv")
     table = module.round_costs(per_prompt).set_index("method")

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import hf_backend
+from conftest import hf_backend, load_perf_script
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from draftsmith.data.tokenization import read_samples
@@ -244,13 +244,7 @@ def test_data_fraction_trains_on_a_seeded_subset_validated_on_the_same_samples(t
 def test_training_throughput_profile_covers_steady_steps_of_a_real_run(training_inputs, tiny_target, tmp_path):
     """perf/training_throughput.py's profile_steps around a real train_draft run (CPU: the SDPA stand-in): it
     records the steps it names, inside the run, and writes the ops that took their time."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("training_throughput",
-                                                  Path(__file__).parents[1] / "perf" / "training_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_perf_script("training_throughput")
     args = {"manifests": training_inputs["manifests"], "d2t": training_inputs["d2t"], "t2d": training_inputs["t2d"],
             "target": TargetSpec(str(tiny_target)).to_dict(), "variant": "profiled", "gpus": 0, "num_workers": 0,
             "training": {**TRAINING, "total_seq_length": 128, "resume": False}, "state_dir": str(tmp_path / "state")}

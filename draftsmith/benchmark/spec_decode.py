@@ -455,7 +455,7 @@ class Eagle3Proposer:
         return drafted
 
     def _round(self, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> torch.Tensor:
-        """k chain drafts after the round's first `_count` inputs (the rest is padding) written at `_verified`.."""
+        """k chain drafts after the round's first `_count` inputs (the rest is padding) written at `_verified`."""
         draft = self.draft
         out = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)
         hidden = out.index_select(1, self._count - 1)  # the last real input's state, without a host sync

@@ -217,7 +217,7 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
     shutil.rmtree(chunk_dir)
     log.info("regenerate: %d answers (%s), %d new tokens -> %s", len(records), stats["finish_reasons"],
              stats["new_tokens"], out_jsonl)
-    if stats["empty_answers"]:  # kept, so that the file stays one row per prompt; prepare skips them (empty_content)
+    if stats["empty_answers"]:
         log.warning("regenerate: the target answered %d of %d prompts with nothing (an end-of-turn token first); "
                     "prepare skips those records as empty_content", stats["empty_answers"], len(records))
     return stats
