@@ -11,14 +11,14 @@ from pathlib import Path
 
 def cmd_validate(args) -> int:
     from draftsmith.config.workflow import ConfigError, load_config
-    from draftsmith.validate import expected_shards, validate_results, write_findings
+    from draftsmith.validate import validate_results, write_findings
 
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"draftsmith validate: {e}", file=sys.stderr)
         return 2
-    findings = validate_results(args.results or config["results"], expected_shards(config))
+    findings = validate_results(config, args.results)
     for f in findings:
         print(f"{'ok  ' if f.ok else 'FAIL'} {f.path}: {f.message}")
     if args.json:
@@ -69,12 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("preflight", add_help=False,
                        help="check the installed stack, target, layers, GPUs and disk in seconds, before any weights load "
                        "(`draftsmith preflight --help` for its options)")
-    p = sub.add_parser("validate", help="check a whole results tree: samples, shard checksums and tensors, vocab map, drafts, "
-                       "and that every shard the config implies exists")
+    p = sub.add_parser("validate", help="check a whole results tree against the config: every output it implies exists and "
+                       "is intact (samples, shard checksums and tensors, vocab map, drafts, benchmarks, report), and each "
+                       "draft and benchmark was made from the current target, shards, vocab map and prompts")
     p.add_argument("results", nargs="?", help="results directory (default: the config's `results`, results)")
     p.add_argument("--config", nargs="+", default=[], metavar="FILE",
                    help="workflow config file(s) the results were built with, merged in order over the embedded default "
-                   "config/config.yaml: their datasets and extraction.num_shards say which shards must exist")
+                   "config/config.yaml: they say which outputs must exist")
     p.add_argument("--json", help="also write the findings to this JSON file")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("inspect", help="summarise a shard directory or a draft checkpoint")

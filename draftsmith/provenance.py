@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from importlib import metadata
 from pathlib import Path
 
-from draftsmith.io import sha256_file
+from draftsmith.io import read_json, sha256_bytes, sha256_file, write_json
 
 PIPELINE_PACKAGES = ("torch", "transformers", "speculators", "vllm", "datasets", "snakemake", "draftsmith")
 # weight files up to this size are hashed; larger targets are identified by config hash and total size
@@ -73,3 +74,76 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
             nested = isinstance(a, dict) and isinstance(b, dict)
             keys += changed_keys(a, b, f"{prefix}{key}.") if nested else [prefix + key]
     return keys
+
+
+# --- the target's content as Snakemake sees it while it builds the DAG ---------------------------------------------
+
+FILES_RECORD = ".draftsmith_files.json"
+
+
+def file_listing(directory: str | Path) -> dict[str, list[int]]:
+    """Each file below `directory` as [size, mtime_ns], by relative path; dotfiles and dot-directories (Snakemake's
+    timestamp, the hub's download cache, FILES_RECORD) are left out."""
+    root = Path(directory)
+    listing = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                stat = (Path(dirpath) / name).stat()
+                listing[str((Path(dirpath) / name).relative_to(root))] = [stat.st_size, stat.st_mtime_ns]
+    return listing
+
+
+def record_files(directory: str | Path) -> None:
+    """Record a directory's files as its rule wrote them (the last write of a rule that builds a target)."""
+    write_json(Path(directory) / FILES_RECORD, file_listing(directory))
+
+
+def hub_cache_commit(repo_id: str, revision: str | None) -> str | None:
+    """The commit the local hub cache resolves `revision` (default main) of a model to, without any network."""
+    cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
+    ref = Path(cache) / f"models--{repo_id.replace('/', '--')}" / "refs" / (revision or "main")
+    return ref.read_text().strip() if ref.is_file() else None
+
+
+def target_content(model: str, revision: str | None, built: bool) -> str:
+    """A cheap stand-in for the target's content, computed while Snakemake builds the DAG (sizes and modification
+    times, no hashing), handed to every rule that loads the target, so that a target changed in place re-runs them.
+
+    A target the workflow builds is "as built" while its files are those its rule recorded (or before it exists): a
+    rebuild re-runs what depends on it through the file dependency already. A local directory is a hash of its
+    listing; a hub id, the commit the local hub cache resolves its revision to."""
+    from draftsmith.io import sha256_bytes
+
+    path = Path(model)
+    if not path.is_dir():
+        return f"hub commit {hub_cache_commit(model, revision)}" if not built else "as built"
+    listing = file_listing(path)
+    record = path / FILES_RECORD
+    if built and record.is_file() and json.loads(record.read_text()) == listing:
+        return "as built"
+    return "files " + sha256_bytes(json.dumps(listing, sort_keys=True).encode())[:16]
+
+
+# --- what a draft and a benchmark were made from (recorded in them; `validate` compares it with the results tree) ---
+
+
+def draft_inputs(manifests, d2t, t2d, target_fingerprint: dict) -> dict:
+    """Each shard's sample list (its files' checksums), the vocab map's checksums and the target's fingerprint."""
+    shards = {str(m): sha256_bytes(json.dumps(read_json(m)["samples"], sort_keys=True).encode()) for m in manifests}
+    return {"shards": shards, "d2t_sha256": sha256_file(d2t), "t2d_sha256": sha256_file(t2d), "target": target_fingerprint}
+
+
+def benchmark_inputs(draft_dir, prompts, target_fingerprint: dict) -> dict:
+    """The draft's files, the prompt set and the target, by checksum."""
+    draft = Path(draft_dir)
+    return {"draft_config_sha256": sha256_file(draft / "config.json"),
+            "draft_weights_sha256": sha256_file(draft / "model.safetensors"),
+            "prompts_sha256": sha256_file(prompts), "target": target_fingerprint}
+
+
+def record_inputs(path, inputs: dict) -> None:
+    """Add `inputs` (as read when the job started) to a JSON output its job wrote."""
+    write_json(path, {**read_json(path), "inputs": json.loads(json.dumps(inputs, default=str))})

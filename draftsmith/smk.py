@@ -27,6 +27,12 @@ def setup_logging(log_path: str | None) -> None:
     logging.captureWarnings(True)
 
 
+def to_console(lines: list[str]) -> None:
+    """Print a verdict on the console as well as in the log: setup_logging sends stderr to the log file, and
+    Snakemake shows a script job's standard output."""
+    print("\n".join(lines), file=sys.__stdout__, flush=True)
+
+
 def run(main, snakemake) -> None:
     """Run `main(snakemake)` with logging set up; log the traceback of any failure, then re-raise."""
     setup_logging(snakemake.log[0] if len(snakemake.log) else None)

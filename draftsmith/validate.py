@@ -1,4 +1,6 @@
-"""Check a whole results tree on demand: prepared samples, shards, vocab map, drafts."""
+"""Check a whole results tree on demand against its config: every output the config implies exists and is intact
+(prepared samples, shards, vocab map, drafts, benchmark results, report), and each draft and benchmark was made from
+the current target, shards, vocab map and prompts."""
 
 from __future__ import annotations
 
@@ -69,45 +71,89 @@ def _check_draft(draft: Path, vocab: tuple | None):
                 raise ValueError(f"{name} contains NaN or Inf")
 
 
-def expected_shards(config: dict) -> dict[str, int]:
-    """The shards a workflow config implies: dataset -> extraction.num_shards."""
-    return {dataset: config["extraction"]["num_shards"] for dataset in sorted(config["datasets"])}
+def _missing(path: Path, rule: str) -> str:
+    what = {"extract_hidden_states": "shard"}.get(rule, "output")
+    return (f"missing: the config implies this {what} (rule {rule}); `snakemake --cores all` rebuilds it and "
+            f"re-runs what depends on it (`snakemake --cores all {path}` rebuilds it alone)")
 
 
-def _check_expected_shards(findings: list[Finding], results: Path, shards: dict[str, int]) -> None:
-    for dataset, num_shards in shards.items():
-        for k in range(num_shards):
-            shard = results / "shards" / dataset / f"shard_{k}"
-            if not (shard / "manifest.json").exists() and not (shard / "progress.jsonl").exists():
-                findings.append(Finding(str(shard), False, (
-                    f"missing: the config has dataset {dataset!r} with extraction.num_shards={num_shards}; "
-                    f"`snakemake --cores all` re-extracts it and re-runs what depends on it "
-                    f"(`snakemake --cores all {shard / 'manifest.json'}` re-extracts it alone)")))
+def _check_inputs(recorded: dict | None, current: dict, made_from: str) -> None:
+    """A draft's or a benchmark's recorded inputs against the results tree and target as they are now."""
+    from draftsmith.provenance import changed_keys
+
+    if recorded is None:
+        raise ValueError(f"no record of the {made_from} it was made from (an older draftsmith wrote it); "
+                         "`snakemake --cores all --forcerun <this rule>` rebuilds it")
+    current = json.loads(json.dumps(current, default=str))
+    if recorded != current:
+        raise ValueError(f"made from other {made_from} than the current ones (changed: "
+                         f"{', '.join(changed_keys(recorded, current))}); `snakemake --cores all` rebuilds it")
 
 
-def validate_results(results: str | Path, shards: dict[str, int] | None = None) -> list[Finding]:
-    """Check everything under `results`; `shards` (dataset -> shard count, see expected_shards) also
-    requires each of those shards to exist."""
+def validate_results(config: dict, results: str | Path | None = None) -> list[Finding]:
+    """Hold the results tree to `config` (a validated workflow config; `results` overrides its `results`):
+    every output the config implies exists and is intact, and each draft and benchmark was made from the
+    current target, shards, vocab map and prompts."""
+    from draftsmith import artefacts
     from draftsmith.extraction.shards import validate_shard
+    from draftsmith.io import read_json
+    from draftsmith.provenance import benchmark_inputs, draft_inputs, model_fingerprint, same_model
 
-    results = Path(results)
+    if results is not None:
+        config = {**config, "results": str(results)}
+    results = Path(config["results"])
+    expected = artefacts.expected_outputs(config)
     findings: list[Finding] = []
-    _check_expected_shards(findings, results, shards or {})
+    for rule, paths in expected.items():
+        for path in paths:
+            if rule == "extract_hidden_states" and (path.parent / "progress.jsonl").exists():
+                findings.append(Finding(str(path.parent), False, "unfinished shard (progress.jsonl without manifest); "
+                                        "`snakemake --cores all` resumes it"))
+            elif not path.exists():
+                findings.append(Finding(str(path.parent if rule == "extract_hidden_states" else path), False,
+                                        _missing(path, rule)))
+    exists = {rule: [p for p in paths if p.exists()] for rule, paths in expected.items()}
+    present, total = sum(map(len, exists.values())), sum(map(len, expected.values()))
+    if present == total:
+        findings.append(Finding(str(results), True, f"all {total} outputs the config implies exist"))
+    target = artefacts.target_model(config)
+    fingerprint = {**model_fingerprint(target), "revision": config["target"]["revision"]}
+
     samples_by_dataset = {}
-    for path in sorted(results.glob("prepared/*/samples.parquet")):
-        samples_by_dataset[path.parent.name] = _check(findings, path, lambda p=path: _check_samples(p))
-    for manifest in sorted(results.glob("shards/*/shard_*/manifest.json")):
-        samples = samples_by_dataset.get(manifest.parent.parent.name)
-        _check(findings, manifest.parent, lambda d=manifest.parent, s=samples: validate_shard(d, s, deep=True))
-    for journal in sorted(results.glob("shards/*/shard_*/progress.jsonl")):
-        findings.append(Finding(str(journal.parent), False, "unfinished shard (progress.jsonl without manifest); re-run to resume it"))
+    for path in exists["prepare_dataset"]:
+        if path.name == "samples.parquet":
+            samples_by_dataset[path.parent.name] = _check(findings, path, lambda p=path: _check_samples(p))
+
+    def check_shard(manifest: Path):
+        validate_shard(manifest.parent, samples_by_dataset.get(manifest.parent.parent.name), deep=True)
+        if not same_model(read_json(manifest)["model"], fingerprint):
+            raise ValueError(f"extracted from another target than the current {target}; `snakemake --cores all` "
+                             "re-extracts it")
+
+    for manifest in exists["extract_hidden_states"]:
+        _check(findings, manifest.parent, lambda m=manifest: check_shard(m))
     vocab = None
-    if (results / "vocab" / "d2t.npy").exists():
+    if all(p.exists() for p in expected["vocab_map"]):
         vocab = _check(findings, results / "vocab", lambda: _check_vocab(results / "vocab"))
-    for draft in sorted(p.parent for p in results.glob("draft/*/config.json")):
-        _check(findings, draft, lambda d=draft: _check_draft(d, vocab))
-    if not findings:
-        findings.append(Finding(str(results), False, "nothing to validate: no prepared samples, shards, vocab map or drafts"))
+    d2t, t2d = results / "vocab" / "d2t.npy", results / "vocab" / "t2d.npy"
+    for variant in sorted(config["variants"]):
+        draft = results / "draft" / variant
+        if not all((draft / name).exists() for name in artefacts.DRAFT_FILES):
+            continue
+
+        def check_draft(d=draft, v=variant):
+            _check_draft(d, vocab)
+            manifests = [m for m in artefacts.variant_manifests(config, v) if m.exists()]
+            current = draft_inputs(manifests, d2t, t2d, fingerprint) if d2t.exists() and t2d.exists() else {}
+            _check_inputs(read_json(d / "training_data.json").get("inputs"), current, "target, shards or vocab map")
+
+        _check(findings, draft, check_draft)
+        prompts = results / "benchmark" / "prompts.jsonl"
+        for summary in (results / "benchmark" / variant / "summary.json",
+                        results / "benchmark" / variant / "offline" / "summary.json"):
+            if summary.exists() and prompts.exists():
+                _check(findings, summary, lambda s=summary, d=draft: _check_inputs(
+                    read_json(s).get("inputs"), benchmark_inputs(d, prompts, fingerprint), "draft, prompts or target"))
     return findings
 
 

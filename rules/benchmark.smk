@@ -42,8 +42,8 @@ rule benchmark:
         gpu=benchmark_gpus(),
         mem_mb=16000,
     params:
-        target=TARGET_SPEC,
-        benchmark=canonical(config["benchmark"]),
+        target=target_spec(config["benchmark"]["dtype"]),
+        benchmark=job_settings("benchmark", config["benchmark"]["backend"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
         methods=lambda wc: variant_methods(wc.variant),
     script:
@@ -74,8 +74,8 @@ rule benchmark_offline_reference:
         gpu=single_device_gpus(config["benchmark"]["device"]),
         mem_mb=16000,
     params:
-        target=TARGET_SPEC,
-        benchmark=canonical({**config["benchmark"], "backend": "offline"}),
+        target=target_spec(config["benchmark"]["dtype"]),
+        benchmark=canonical({**job_settings("benchmark", "offline"), "backend": "offline"}),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
         methods=lambda wc: variant_methods(wc.variant),
     script:

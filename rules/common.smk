@@ -5,6 +5,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from draftsmith import artefacts
 from draftsmith.config.workflow import (
     ConfigError,
     read_config_file,
@@ -16,6 +17,7 @@ from draftsmith.data.mtbench import (
     mt_bench_questions_file,
 )
 from draftsmith.data.prompt_sets import PROMPT_SETS, prompt_set_file
+from draftsmith.provenance import target_content
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
 # Snakemake keeps the last of a key given twice in a config file, silently: re-read each file strictly.
@@ -40,8 +42,7 @@ os.environ.update(
 R = Path(config["results"])
 # Targets the workflow makes itself, into R / "target": "embedded" is pretrained by rule build_target,
 # the packaged SmolLM2 is imported from its GGUF by rule import_target.
-BUILT_TARGETS = {"embedded": "build_target", "smollm2-135m-instruct": "import_target"}
-TARGET_RULE = BUILT_TARGETS.get(config["target"]["model"])
+TARGET_RULE = artefacts.BUILT_TARGETS.get(config["target"]["model"])
 DATASETS = sorted(config["datasets"])
 REGENERATED = [d for d in DATASETS if config["datasets"][d]["regenerate"]]
 VARIANTS = sorted(config["variants"])
@@ -87,14 +88,78 @@ def canonical(value):
 # The target spec each job that loads the target gets (draftsmith.target_model.spec.TargetSpec.from_dict):
 # the built directory when embedded. A plain value, not a function of the job's input: Snakemake compares
 # params it can evaluate while building the DAG, so a changed revision or trust_remote_code re-runs them.
+# "content" (draftsmith.provenance.target_content; TargetSpec ignores it) stands for the target's files, so that
+# a target directory changed in place re-runs every rule that loads it.
+TARGET_MODEL = str(R / "target") if TARGET_RULE else config["target"]["model"]
 TARGET_SPEC = canonical(
     {
-        "model": str(R / "target") if TARGET_RULE else config["target"]["model"],
+        "model": TARGET_MODEL,
         "revision": config["target"]["revision"],
         "trust_remote_code": config["target"]["trust_remote_code"],
         "dtype": config["target"]["dtype"],
+        "content": target_content(
+            TARGET_MODEL, config["target"]["revision"], built=bool(TARGET_RULE)
+        ),
     }
 )
+# Rules that read only the target's tokenizer or config.json: its dtype (the weights') does not change their output.
+TARGET_FILES_SPEC = {k: v for k, v in TARGET_SPEC.items() if k != "dtype"}
+
+
+def target_spec(stage_dtype):
+    """TARGET_SPEC for a rule that loads the weights in its section's dtype: target.dtype counts only where that
+    is auto (TargetSpec.stage_dtype)."""
+    return TARGET_SPEC if stage_dtype == "auto" else {**TARGET_SPEC, "dtype": "auto"}
+
+
+def job_settings(section, backend=None):
+    """A config section as a rule's params: only the keys that change the rule's output, so that a changed key
+    re-runs exactly the jobs whose outputs depend on it. Left out (jobs read them from the config at run time):
+    keys that only decide how a job runs (RUN_ONLY), those of the other backend, and those the job reads through
+    an input file (SETTLED_BY_INPUT). tests/test_rebuilds.py holds every schema key to this."""
+    leave_out = RUN_ONLY.get(section, set()) | SETTLED_BY_INPUT.get(section, set())
+    if backend is not None:
+        leave_out |= {
+            key
+            for other, keys in BACKEND_ONLY[section].items()
+            if other != backend
+            for key in keys
+        }
+    return canonical(
+        {k: v for k, v in config[section].items() if k not in leave_out}
+    )
+
+
+RUN_ONLY = {
+    "extraction": {"writer_threads"},
+    "benchmark": {"port", "server_timeout_s"},
+    "training": {"resume"},
+}
+BACKEND_ONLY = {
+    "extraction": {
+        "hf": {"batch_tokens", "max_batch_size", "device"},
+        "vllm": {
+            "tensor_parallel_size",
+            "gpu_memory_utilization",
+            "max_model_len",
+            "batch_size",
+        },
+    },
+    "benchmark": {
+        "offline": {"cuda_graphs", "device", "batch_size"},
+        "vllm": {
+            "concurrency",
+            "tensor_parallel_size",
+            "gpu_memory_utilization",
+            "max_model_len",
+            "offline_reference",
+            "cpu_test_worker",
+        },
+    },
+}
+# the benchmark reads its prompts from rule benchmark_prompts' file, made from these
+SETTLED_BY_INPUT = {"benchmark": {"prompts", "num_prompts", "mt_bench"}}
+HUB_ONLY = ("name", "subset", "split", "revision")
 
 
 def target_input():
@@ -115,6 +180,9 @@ def raw_dataset_spec(dataset):
     """The dataset as prepare_dataset (or regenerate) reads it: files the workflow or a package provides
     become source=local."""
     spec = dict(config["datasets"][dataset])
+    # keys of another source do not change what is read
+    for key in HUB_ONLY if spec["source"] != "hub" else ("path",):
+        spec.pop(key, None)
     if spec["source"] == "synthetic":
         spec.update(source="local", path=str(R / "data" / "synthetic" / "train.jsonl"))
     elif spec["source"] == "fastchat":
@@ -152,28 +220,20 @@ def regenerate_input(wildcards):
     return local_input(raw_dataset_spec(wildcards.dataset))
 
 
-def shard_manifests(dataset):
-    return [
-        str(R / "shards" / dataset / f"shard_{k}" / "manifest.json")
-        for k in range(NUM_SHARDS)
-    ]
-
-
 def all_shard_manifests(wildcards=None):
-    return [m for d in DATASETS for m in shard_manifests(d)]
+    return [str(m) for m in artefacts.expected_outputs(config)["extract_hidden_states"]]
 
 
 def variant_manifests(wildcards):
     """The shards a variant trains on: those of its `datasets`, else of every dataset."""
-    names = config["variants"][wildcards.variant].get("datasets") or DATASETS
-    return [m for d in DATASETS if d in names for m in shard_manifests(d)]
+    return [str(m) for m in artefacts.variant_manifests(config, wildcards.variant)]
 
 
 def variant_training(variant):
     overrides = dict(config["variants"][variant])
     overrides.pop("benchmark_methods", None)
     overrides.pop("datasets", None)
-    return canonical({**config["training"], **overrides})
+    return canonical({**job_settings("training"), **overrides})
 
 
 def variant_methods(variant):
@@ -243,11 +303,7 @@ def training_gpus(variant):
 
 
 def all_outputs():
-    """Rule all's inputs. The shard manifests are among them because Snakemake 9 rebuilds a missing
-    intermediate only when a job after it must run: listed here, a deleted shard directory is
-    re-extracted by a plain `snakemake`, and what depends on it re-runs."""
-    return [
-        str(R / "report" / "report.html"),
-        str(R / "report" / "report.md"),
-        *all_shard_manifests(),
-    ]
+    """Rule all's inputs: every output of the DAG (draftsmith.artefacts), intermediates too, because Snakemake 9
+    rebuilds a missing intermediate only when a job after it must run: listed here, a deleted vocab map or shard
+    is rebuilt by a plain `snakemake`, and what depends on it re-runs."""
+    return [str(p) for paths in artefacts.expected_outputs(config).values() for p in paths]

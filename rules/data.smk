@@ -81,7 +81,7 @@ rule prepare_dataset:
         mem_mb=8000,
     params:
         spec=lambda wc: dataset_spec(wc.dataset),
-        target=TARGET_SPEC,
+        target=TARGET_FILES_SPEC,
         seq_length=config["seq_length"],
     script:
         "../scripts/prepare_dataset.py"
@@ -107,7 +107,7 @@ rule regenerate:
     params:
         spec=lambda wc: raw_dataset_spec(wc.dataset),
         source=lambda wc: config["datasets"][wc.dataset]["source"],
-        target=TARGET_SPEC,
+        target=target_spec(config["regenerate"]["dtype"]),
         regenerate=canonical(config["regenerate"]),
         seq_length=config["seq_length"],
     script:

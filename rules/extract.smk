@@ -1,8 +1,8 @@
 rule extract_hidden_states:
     input:
         samples=R / "prepared" / "{dataset}" / "samples.parquet",
+        stats=R / "prepared" / "{dataset}" / "stats.json",
         target=target_input(),
-        preflight=ancient(R / "preflight.json"),
     output:
         manifest=R / "shards" / "{dataset}" / "shard_{shard}" / "manifest.json",
     log:
@@ -18,8 +18,8 @@ rule extract_hidden_states:
         gpu=extraction_gpus(),
         mem_mb=16000,
     params:
-        target=TARGET_SPEC,
-        extraction=canonical(config["extraction"]),
+        target=target_spec(config["extraction"]["dtype"]),
+        extraction=job_settings("extraction", config["extraction"]["backend"]),
         seq_length=config["seq_length"],
     script:
         "../scripts/extract_hidden_states.py"

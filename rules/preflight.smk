@@ -1,17 +1,14 @@
-# Seconds of checks (versions, vLLM call signatures, target config, layer ids, seq_length, shard count, GPUs, disk)
-# before any weights load.
-# It asks for the GPUs extraction asks for and runs in extraction's environment, so it checks what extraction gets.
-# Extraction depends on its output through ancient(), so that re-running it does not re-extract.
+# On demand: `snakemake preflight` checks everything the config asks for (versions, vLLM call signatures, target
+# config, layer ids, seq_length, shard count, every GPU count, disk) in seconds, before any weights load, and prints
+# its verdict. It has no output, so it runs every time it is asked. It runs in extraction's environment with the GPUs
+# extraction asks for. In a plain run nothing waits for it: each job that loads weights first runs the checks of its
+# own stage (draftsmith.vllm_stack.preflight.gate), so a changed setting re-runs exactly the jobs that read it.
 rule preflight:
     input:
         stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
         target=target_input(),
-    output:
-        R / "preflight.json",
     log:
         "logs/preflight.log",
-    benchmark:
-        "benchmarks/preflight.tsv"
     conda:
         "../envs/vllm.yaml"
         if config["extraction"]["backend"] == "vllm"
@@ -20,19 +17,6 @@ rule preflight:
         gpu=extraction_gpus(),
         mem_mb=1000,
     params:
-        config=canonical(
-            {
-                key: config[key]
-                for key in (
-                    "results",
-                    "target",
-                    "extraction",
-                    "benchmark",
-                    "vocab",
-                    "seq_length",
-                )
-            }
-        ),
         target=TARGET_SPEC,
     script:
         "../scripts/preflight.py"

@@ -20,7 +20,7 @@ rule train_draft:
         gpu=lambda wc: training_gpus(wc.variant),
         mem_mb=16000,
     params:
-        target=TARGET_SPEC,
+        target=TARGET_FILES_SPEC,
         training=lambda wc: variant_training(wc.variant),
         state_dir=lambda wc: str(R / "train_state" / wc.variant),
         gpus=lambda wc: training_gpus(wc.variant),

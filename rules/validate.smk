@@ -1,17 +1,14 @@
-# On demand: `snakemake validate` checks the whole results tree and that every shard of the config
-# (datasets x extraction.num_shards) exists (never cached: it has no output).
+# On demand: `snakemake validate` checks the whole results tree against the config: every output the config implies
+# exists (prepared samples, shards, vocab map, drafts, benchmark results, report), each is intact, and each draft and
+# benchmark was made from the current target, shards and vocab map. It has no output, so it runs every time it is
+# asked; its verdict goes to the console and to the log.
 rule validate:
     log:
         "logs/validate.log",
-    benchmark:
-        "benchmarks/validate.tsv"
     conda:
         "../envs/core.yaml"
     resources:
         gpu=0,
         mem_mb=4000,
-    params:
-        results=str(R),
-        shards={dataset: NUM_SHARDS for dataset in DATASETS},
     script:
         "../scripts/validate.py"

@@ -35,6 +35,6 @@ rule vocab_map:
         mem_mb=2000,
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        target=TARGET_SPEC,
+        target=TARGET_FILES_SPEC,
     script:
         "../scripts/vocab_map.py"

@@ -1,14 +1,21 @@
 from draftsmith.data.prompts import read_benchmark_prompts
+from draftsmith.provenance import benchmark_inputs, record_inputs
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.draft_model import resolve_num_speculative_tokens
+from draftsmith.vllm_stack.preflight import gate
 
 
 def main(smk):
-    cfg = {**smk.params.benchmark, "methods": list(smk.params.methods)}
+    target = TargetSpec.from_dict(smk.params.target)
+    # this job's own benchmark settings: benchmark_offline_reference runs the offline backend beside a vllm config
+    gate({**smk.config, "benchmark": smk.params.benchmark}, target.model, "benchmark")
+    inputs = benchmark_inputs(smk.params.draft_dir, smk.input.prompts, target.fingerprint())
+    # params hold the keys that change the results; the config adds how to run (port, timeouts)
+    cfg = {**smk.config["benchmark"], **smk.params.benchmark, "methods": list(smk.params.methods)}
     cfg["num_speculative_tokens"] = resolve_num_speculative_tokens(cfg["num_speculative_tokens"], smk.params.draft_dir)
     prompts = read_benchmark_prompts(smk.input.prompts)
-    args = (TargetSpec.from_dict(smk.params.target), smk.params.draft_dir, prompts, cfg, smk.output.per_prompt,
+    args = (target, smk.params.draft_dir, prompts, cfg, smk.output.per_prompt,
             smk.output.summary, smk.wildcards.variant)
     backend = cfg["backend"]
     if backend == "offline":
@@ -21,6 +28,7 @@ def main(smk):
         run_vllm_benchmark(*args)
     else:
         raise ValueError(f"benchmark.backend = {backend!r}: use offline or vllm")
+    record_inputs(smk.output.summary, inputs)
 
 
 run(main, snakemake)  # noqa: F821

@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 from draftsmith.io import atomic_dir, write_json
+from draftsmith.provenance import record_files
 from draftsmith.smk import run
 from draftsmith.target_model.embedded import build_embedded_target
 
@@ -13,6 +14,7 @@ def main(smk):
     with atomic_dir(smk.output[0]) as tmp:
         info = build_embedded_target(conversations, cfg, cfg["seed"], Path(tmp))
         write_json(Path(tmp) / "draftsmith_target.json", {"config": cfg, **info})
+        record_files(tmp)
 
 
 run(main, snakemake)  # noqa: F821

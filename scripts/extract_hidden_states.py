@@ -3,15 +3,17 @@ from pathlib import Path
 from draftsmith.extraction.driver import extract
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.vllm_stack.preflight import gate
 
 
 def main(smk):
+    gate(smk.config, smk.params.target["model"], "extract", [smk.input.stats])
     extract(
         samples_path=smk.input.samples,
         shard=int(smk.wildcards.shard),
         shard_dir=Path(smk.output.manifest).parent,
         target=TargetSpec.from_dict(smk.params.target),
-        cfg=smk.params.extraction,
+        cfg={**smk.config["extraction"], **smk.params.extraction},  # params hold the keys that change the shard
     )
 
 

@@ -1,15 +1,20 @@
+from draftsmith.provenance import draft_inputs, record_inputs
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.trainer import train_draft
+from draftsmith.vllm_stack.preflight import gate
 
 
 def main(smk):
+    target = TargetSpec.from_dict(smk.params.target)
+    gate(smk.config, target.model, "train")
+    inputs = draft_inputs(smk.input.manifests, smk.input.d2t, smk.input.t2d, target.fingerprint())
     train_draft(
         manifests=list(smk.input.manifests),
         d2t=smk.input.d2t,
         t2d=smk.input.t2d,
-        target=TargetSpec.from_dict(smk.params.target),
-        training=smk.params.training,
+        target=target,
+        training={**smk.params.training, "resume": smk.config["training"]["resume"]},
         state_dir=smk.params.state_dir,
         variant=smk.wildcards.variant,
         gpus=smk.params.gpus,
@@ -18,6 +23,7 @@ def main(smk):
         out_metrics=smk.output.metrics,
         out_data=smk.output.data,
     )
+    record_inputs(smk.output.data, inputs)
 
 
 run(main, snakemake)  # noqa: F821

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,12 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def jobs_planned(proc) -> dict[str, int]:
+    """Rule -> job count from Snakemake's job table (stdout in a dry run, stderr in a real one)."""
+    table = (proc.stdout + proc.stderr).split("Job stats:")[-1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
 def copy_inputs(pipeline_run: Path, workdir: Path, overrides: dict | None = None) -> Path:

@@ -119,7 +119,7 @@ def test_corrupt_shard_is_refused_by_validate_and_training(pipeline_run, tmp_pat
 
 def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipeline_run, tmp_path, capsys):
     """README's recovery for a corrupt shard: delete the shard directory and re-run `snakemake`."""
-    from test_pipeline import jobs_planned
+    from conftest import jobs_planned
 
     from draftsmith.cli import main
 
@@ -127,14 +127,13 @@ def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipelin
     r = workdir / "results"
     for sub in ("shards", "vocab", "train_state", "draft", "benchmark", "report"):
         shutil.copytree(pipeline_run / "results" / sub, r / sub)
-    shutil.copy2(pipeline_run / "results" / "preflight.json", r / "preflight.json")
     snakemake(workdir)  # brings the copy up to date (earlier tests may have rebuilt the session run's vocab map)
     noop = snakemake(workdir, "-n")
     assert "Nothing to be done" in noop.stdout + noop.stderr
     draft = sha256_file(r / "draft" / "default" / "model.safetensors")
     shutil.rmtree(workdir / SHARD)
 
-    missing = f"{workdir / SHARD}: missing: the config has dataset 'synthetic' with extraction.num_shards=2"
+    missing = f"{workdir / SHARD}: missing: the config implies this shard (rule extract_hidden_states)"
     proc = snakemake(workdir, "validate", check=False)
     assert proc.returncode != 0 and missing in (workdir / "logs" / "validate.log").read_text()
     assert main(["validate", "--config", str(workdir / "config.yaml")]) == 1

@@ -8,17 +8,11 @@ import numpy as np
 import pandas as pd
 import torch
 import yaml
-from conftest import REPO, SNAKEMAKE, load_perf_script, snakemake, write_config
+from conftest import REPO, SNAKEMAKE, jobs_planned, load_perf_script, snakemake, write_config
 
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.shards import validate_shard
 from draftsmith.io import sha256_file
-
-
-def jobs_planned(proc) -> dict[str, int]:
-    """Rule -> job count from Snakemake's job table (stdout in a dry run, stderr in a real one)."""
-    table = (proc.stdout + proc.stderr).split("Job stats:")[-1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
 def test_spine_outputs_are_real_and_consistent(pipeline_run):

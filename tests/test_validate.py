@@ -1,27 +1,78 @@
-"""`draftsmith validate` holds the results tree to the config: every shard it implies must exist."""
+"""`validate` holds the results tree to the config: every output it implies exists, is intact, and was made from the
+current target, shards, vocab map and prompts; `snakemake validate` and `snakemake preflight` run every time."""
 
 from __future__ import annotations
 
-from conftest import write_config
+import shutil
+
+from conftest import snakemake, write_config
 
 from draftsmith.cli import main
 
 
-def test_validate_names_each_missing_shard_and_the_command_that_rebuilds_it(tmp_path, capsys):
+def test_validate_names_each_missing_output_and_the_command_that_rebuilds_it(tmp_path, capsys):
     config = write_config(tmp_path, {"extraction": {"num_shards": 3}})
-    shards = tmp_path / "results" / "shards" / "synthetic"
+    r = tmp_path / "results"
+    shards = r / "shards" / "synthetic"
     (shards / "shard_1").mkdir(parents=True)
     (shards / "shard_1" / "progress.jsonl").write_text("{}\n")  # unfinished, not missing
 
     assert main(["validate", "--config", str(config)]) == 1  # the results directory comes from the config
     out = capsys.readouterr().out.splitlines()
-    assert out == [
-        f"FAIL {shards}/shard_0: missing: the config has dataset 'synthetic' with extraction.num_shards=3; "
-        "`snakemake --cores all` re-extracts it and re-runs what depends on it "
-        f"(`snakemake --cores all {shards}/shard_0/manifest.json` re-extracts it alone)",
-        f"FAIL {shards}/shard_2: missing: the config has dataset 'synthetic' with extraction.num_shards=3; "
-        "`snakemake --cores all` re-extracts it and re-runs what depends on it "
-        f"(`snakemake --cores all {shards}/shard_2/manifest.json` re-extracts it alone)",
-        f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); re-run to resume it",
-        "0 passed, 3 failed",
-    ]
+    for shard in (0, 2):
+        assert (f"FAIL {shards}/shard_{shard}: missing: the config implies this shard (rule extract_hidden_states); "
+                "`snakemake --cores all` rebuilds it and re-runs what depends on it "
+                f"(`snakemake --cores all {shards}/shard_{shard}/manifest.json` rebuilds it alone)") in out
+    assert f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); `snakemake --cores all` resumes it" in out
+    for output in ("vocab/d2t.npy", "draft/default/model.safetensors", "benchmark/default/summary.json", "report/report.html"):
+        assert any(line.startswith(f"FAIL {r / output}: missing: the config implies this output") for line in out), output
+    assert out[-1].endswith("failed") and out[-1].startswith("0 passed")
+
+
+def console(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+def test_snakemake_validate_and_preflight_run_every_time_and_print_their_verdict(pipeline_run):
+    for _ in range(2):
+        proc = snakemake(pipeline_run, "validate")
+        assert "Nothing to be done" not in console(proc)
+        assert "failed (log: logs/validate.log)" in proc.stdout and "validate: " in proc.stdout
+        assert ", 0 failed" in proc.stdout
+        proc = snakemake(pipeline_run, "preflight")
+        assert "Nothing to be done" not in console(proc)
+        assert "preflight: ok (log: logs/preflight.log)" in proc.stdout and "[  ok] layer ids" in proc.stdout
+
+
+def test_validate_requires_the_vocab_map_and_names_what_is_missing(pipeline_run, tmp_path):
+    d2t = pipeline_run / "results" / "vocab" / "d2t.npy"
+    shutil.copy2(d2t, tmp_path / "d2t.npy")
+    try:
+        d2t.unlink()
+        proc = snakemake(pipeline_run, "validate", check=False)
+    finally:
+        shutil.copy2(tmp_path / "d2t.npy", d2t)
+    assert proc.returncode != 0
+    assert f"FAIL {d2t}: missing: the config implies this output (rule vocab_map)" in proc.stdout
+
+
+def test_validate_finds_drafts_and_benchmarks_made_from_another_target(pipeline_run, tmp_path):
+    """The target's weights rewritten in place: the shards, the draft and the benchmark no longer describe it."""
+    r = pipeline_run / "results"
+    weights = r / "target" / "model.safetensors"
+    shutil.copy2(weights, tmp_path / "model.safetensors")
+    try:
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1
+        weights.write_bytes(bytes(data))
+        proc = snakemake(pipeline_run, "validate", check=False)
+    finally:
+        shutil.copy2(tmp_path / "model.safetensors", weights)
+    assert proc.returncode != 0
+    out = proc.stdout
+    assert f"FAIL {r / 'shards' / 'synthetic' / 'shard_0'}: ValueError: extracted from another target" in out
+    assert (f"FAIL {r / 'draft' / 'default'}: ValueError: made from other target, shards or vocab map than the current "
+            "ones (changed: target.weights_sha256.model.safetensors)") in out
+    assert (f"FAIL {r / 'benchmark' / 'default' / 'summary.json'}: ValueError: made from other draft, prompts or target "
+            "than the current ones (changed: target.weights_sha256.model.safetensors)") in out
+    assert ", 0 failed" in snakemake(pipeline_run, "validate").stdout

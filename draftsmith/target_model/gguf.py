@@ -27,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.io import _UMASK, atomic_dir, packaged_file, sha256_file, write_json
+from draftsmith.provenance import record_files
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,7 @@ def import_and_load(out_dir: str | Path, gguf_path: str | Path | None = None,
         provenance["seconds"] = {"load_dequantise": round(loaded - started, 1),
                                  "total": round(time.perf_counter() - started, 1)}
         write_json(tmp / PROVENANCE_FILE, provenance)
+        record_files(tmp)
     log.info("imported %s (%s) into %s in %.1f s", path.name, sha[:12], out_dir, time.perf_counter() - started)
     return provenance, model, tokenizer
 

@@ -21,8 +21,9 @@ class TargetSpec:
 
     @classmethod
     def from_dict(cls, spec: dict) -> "TargetSpec":
+        # rules that read only the tokenizer or config.json get no dtype (rules/common.smk TARGET_FILES_SPEC)
         return cls(model=str(spec["model"]), revision=spec["revision"], trust_remote_code=spec["trust_remote_code"],
-                   dtype=spec["dtype"])
+                   dtype=spec.get("dtype", "auto"))
 
     def to_dict(self) -> dict:
         return asdict(self)

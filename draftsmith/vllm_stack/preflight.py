@@ -34,6 +34,9 @@ VLLM_ONLY = {"vllm", "torch"}
 # speculators 0.3.0 fails to import on transformers 5; datasets 5 needs a huggingface_hub that transformers 4.57 rejects
 HARD_PINS = {"transformers", "datasets", "speculators"}
 STATES_PER_TOKEN = 4  # three auxiliary layers and the last layer
+# The stages whose jobs gate themselves with their own checks (run_preflight's `stage`): each checks only what its
+# job reads, so a changed setting re-runs no job whose outputs do not depend on it.
+STAGES = ("extract", "train", "benchmark")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -104,7 +107,8 @@ def check_fixes_and_call_sites(report: Verdict, disabled_fixes) -> None:
                "; ".join(missing) if missing else "the model-runner attributes the capture reads exist in the installed vLLM")
 
 
-def check_target(report: Verdict, config: dict, target: str) -> dict | None:
+def check_target(report: Verdict, config: dict, target: str, backends: set[str]) -> dict | None:
+    """The target's config.json, trust_remote_code, and whether the loaders in `backends` ("hf", "vllm") know it."""
     tcfg = config["target"]
     try:
         raw = read_target_config(target, tcfg["revision"])
@@ -118,7 +122,7 @@ def check_target(report: Verdict, config: dict, target: str) -> dict | None:
         report.add("target trust_remote_code", "fail",
                    f"{target}'s config.json has auto_map (code shipped with the model); set target.trust_remote_code: true "
                    "if you trust that repository")
-    if config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm":
+    if "vllm" in backends:
         known = set(source.registry_archs("_TEXT_GENERATION_MODELS")) | set(source.registry_archs("_MULTIMODAL_MODELS"))
         if not known:
             report.add("target architecture (vllm)", "fail", "cannot read vLLM's model registry: is vllm installed?")
@@ -127,7 +131,7 @@ def check_target(report: Verdict, config: dict, target: str) -> dict | None:
         else:
             report.add("target architecture (vllm)", "warn",
                        f"{arch} is not in vLLM's model registry; vLLM falls back to its Transformers backend")
-    if config["extraction"]["backend"] == "hf" or config["benchmark"]["backend"] == "offline":
+    if "hf" in backends:
         if text.get("model_type") in transformers_causal_lm_types() or needs_code:
             report.add("target architecture (hf)", "ok", f"model type {text.get('model_type')!r} loads with transformers")
         else:
@@ -136,19 +140,21 @@ def check_target(report: Verdict, config: dict, target: str) -> dict | None:
     return text
 
 
-def check_layers_and_vocab(report: Verdict, config: dict, text: dict) -> None:
+def check_layers(report: Verdict, config: dict, text: dict, uses_vllm_states: bool) -> None:
     from draftsmith.target_model.layers import resolve_aux_layer_ids
 
     layers = text.get("num_hidden_layers")
     try:
         aux = resolve_aux_layer_ids(config["extraction"]["aux_layer_ids"], layers)
         report.add("layer ids", "ok", f"auxiliary layers {aux} of {layers} decoder layers")
-        uses_vllm_states = config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm"
         if 0 in aux and uses_vllm_states:
             report.add("layer ids (vllm)", "fail", "vLLM forms the state entering layer i as hidden_states + residual, "
                        "and there is no residual before layer 0: choose auxiliary layers >= 1")
     except (ValueError, TypeError) as e:
         report.add("layer ids", "fail", str(e))
+
+
+def check_draft_vocab(report: Verdict, config: dict, text: dict) -> None:
     draft, target_vocab = config["vocab"]["draft_vocab_size"], text.get("vocab_size")
     if target_vocab is None:
         report.add("draft vocab", "warn", "the target config has no vocab_size")
@@ -216,8 +222,8 @@ def check_eagle3_serving(report: Verdict, config: dict, text: dict, gpus: int) -
                    "draftsmith's test-only worker, for tests on a CPU; the offline benchmark works)")
 
 
-def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
-    ext, bench = config["extraction"], config["benchmark"]
+def check_extraction_gpus(report: Verdict, config: dict, gpus: int) -> None:
+    ext = config["extraction"]
     if ext["backend"] == "vllm" and vllm_cpu_build() and gpus == 0:
         report.add("gpus (extraction)", "ok", f"no visible GPU; the installed vLLM is the CPU build {vllm_cpu_build()}, "
                    "whose engine runs on the CPU (a test stack: GPU nodes install envs/vllm.lock.txt)")
@@ -232,6 +238,10 @@ def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
         else:
             report.add("gpus (extraction)", "ok", f"{gpus} visible GPU(s); extraction.device={device!r}"
                        + (" runs on the CPU" if gpus == 0 else ""))
+
+
+def check_benchmark_gpus(report: Verdict, config: dict, gpus: int) -> None:
+    bench = config["benchmark"]
     if bench["backend"] == "vllm" and bench["cpu_test_worker"] and gpus > 0:
         report.add("gpus (benchmark)", "fail", f"benchmark.cpu_test_worker: true, but {gpus} GPU(s) are visible: the "
                    "test-only CPU worker refuses to run on a GPU platform, where vLLM's own worker serves the draft; "
@@ -241,8 +251,22 @@ def check_gpus(report: Verdict, config: dict, gpus: int) -> None:
                    "(whether it can serve the draft there: eagle3 serving)")
     elif bench["backend"] == "vllm" and gpus == 0:
         report.add("gpus (benchmark)", "fail", "benchmark.backend=vllm needs a GPU for vllm serve; none is visible")
-    elif bench["backend"] == "offline" and bench["device"].startswith("cuda") and gpus == 0:
+    elif bench["backend"] == "vllm":
+        tp = bench["tensor_parallel_size"]
+        report.add("gpus (benchmark)", "ok" if gpus >= tp else "fail",
+                   f"{gpus} visible GPU(s) for benchmark.tensor_parallel_size={tp}")
+    elif bench["device"].startswith("cuda") and gpus == 0:
         report.add("gpus (benchmark)", "fail", f"benchmark.device={bench['device']!r} but no CUDA GPU is visible")
+
+
+def check_training_gpus(report: Verdict, config: dict, gpus: int) -> None:
+    """training.gpus against the visible GPUs (0 trains on one GPU where one exists, else on the CPU)."""
+    wanted = config["training"]["gpus"]
+    if wanted > gpus:
+        report.add("gpus (training)", "fail", f"training.gpus={wanted} but {gpus} GPU(s) are visible; set training.gpus "
+                   f"to at most {gpus} (0 trains on one GPU where one exists, else on the CPU)")
+    else:
+        report.add("gpus (training)", "ok", f"training.gpus={wanted}; {gpus} visible GPU(s)")
 
 
 def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
@@ -263,24 +287,58 @@ def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gp
 
 
 def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int | None = None,
-                  gpus: int | None = None, samples: dict[str, int] | None = None) -> Verdict:
-    """All checks for `config` (the workflow config) and the target at `target_path`;
-    `samples` (dataset -> sample count, see count_samples) once the datasets are prepared."""
+                  gpus: int | None = None, samples: dict[str, int] | None = None, stage: str | None = None) -> Verdict:
+    """The checks for `config` (the workflow config) and the target at `target_path`: all of them (stage None:
+    `snakemake preflight`, `draftsmith preflight`), or those of one stage in STAGES, which that stage's job runs
+    before it loads any weights. `samples` (dataset -> sample count, see count_samples) once the datasets are
+    prepared; `tokens` their total, for the disk estimate."""
+    if stage is not None and stage not in STAGES:
+        raise ValueError(f"preflight stage {stage!r}: use one of {STAGES}")
+    extract, train, bench = (stage in (None, name) for name in STAGES)
+    backends = ({config["extraction"]["backend"]} if extract else set()) | (
+        {"vllm" if config["benchmark"]["backend"] == "vllm" else "hf"} if bench else set())
     report = Verdict()
-    uses_vllm = config["extraction"]["backend"] == "vllm" or config["benchmark"]["backend"] == "vllm"
-    check_versions(report, uses_vllm)
-    if config["extraction"]["backend"] == "vllm" and installed_version("vllm"):
+    check_versions(report, "vllm" in backends)
+    if extract and config["extraction"]["backend"] == "vllm" and installed_version("vllm"):
         check_fixes_and_call_sites(report, disabled_fixes)
-    text = check_target(report, config, target_path)
+    text = check_target(report, config, target_path, backends)
     gpus = visible_gpu_count() if gpus is None else gpus
     if text is not None:
-        check_layers_and_vocab(report, config, text)
-        check_seq_length(report, config, text)
-        check_eagle3_serving(report, config, text, gpus)
-        check_disk(report, config, text, tokens, gpus)
-    check_gpus(report, config, gpus)
-    if samples:
-        check_shard_count(report, config, samples)
+        if extract or bench:
+            check_layers(report, config, text, uses_vllm_states="vllm" in backends)
+        if stage is None:
+            check_draft_vocab(report, config, text)
+        if extract:
+            check_seq_length(report, config, text)
+            check_disk(report, config, text, tokens, gpus)
+        if bench:
+            check_eagle3_serving(report, config, text, gpus)
+    if extract:
+        check_extraction_gpus(report, config, gpus)
+        if samples:
+            check_shard_count(report, config, samples)
+    if train:
+        check_training_gpus(report, config, gpus)
+    if bench:
+        check_benchmark_gpus(report, config, gpus)
+    return report
+
+
+class PreflightError(RuntimeError):
+    """A stage's preflight found problems; the message lists them, one per line."""
+
+
+def gate(config: dict, target_path: str, stage: str, stats_paths=()) -> Verdict:
+    """Run one stage's checks in its own job, before it loads any weights: log each line, raise on a problem."""
+    import logging
+
+    log = logging.getLogger(__name__)
+    report = run_preflight(config, target_path, tokens=count_tokens(stats_paths) if stats_paths else None,
+                           samples=count_samples(stats_paths), stage=stage)
+    for line in report.lines():
+        log.info("preflight (%s) %s", stage, line)
+    if not report.ok:
+        raise PreflightError(f"preflight ({stage}) found problems:\n" + "\n".join(report.problems))
     return report
 
 

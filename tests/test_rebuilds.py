@@ -1,0 +1,196 @@
+"""Exactly-right rebuilds: after any change to a finished run, one plain `snakemake` plans exactly the jobs whose
+outputs depend on it, and none else.
+
+Every leaf key of the config schema is changed on the finished tiny run (tests/conftest.py), one at a time, and the
+plan of a plain dry run is compared with the rules that read the key plus everything downstream of them. A key that
+changes no output says why. The report shows the whole config, so it re-runs after every change."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import yaml
+from conftest import REPO, jobs_planned, snakemake
+
+# rule -> the rules that read its outputs, in the tiny configuration's DAG
+READERS = {
+    "make_synthetic_corpus": {"build_target", "prepare_dataset", "benchmark_prompts"},
+    "build_target": {"prepare_dataset", "extract_hidden_states", "vocab_map", "train_draft", "benchmark"},
+    "regenerate": {"prepare_dataset"},
+    "prepare_dataset": {"token_freq", "extract_hidden_states", "report"},
+    "token_freq": {"vocab_map"},
+    "vocab_map": {"train_draft", "benchmark"},
+    "extract_hidden_states": {"train_draft", "report"},
+    "train_draft": {"benchmark", "report"},
+    "benchmark_prompts": {"benchmark", "report"},
+    "benchmark": {"report"},
+    "report": set(),
+}
+TARGET_LOADERS = {"prepare_dataset", "extract_hidden_states", "vocab_map", "train_draft", "benchmark"}
+EVERYTHING = set(READERS) - {"regenerate"}
+
+# key -> (new value, the rules that read it); a set() says the key changes no output here, and why
+VLLM_ONLY = "read by the vllm backend only; this configuration uses hf extraction and the offline benchmark"
+CHANGES = {
+    "results": ("{tmp}/elsewhere", EVERYTHING),
+    "target.model": ("{tmp}/target-copy", TARGET_LOADERS),  # build_target leaves the DAG
+    "target.revision": ("v1", TARGET_LOADERS),
+    "target.trust_remote_code": (True, TARGET_LOADERS),
+    "target.dtype": ("bfloat16", set(), "extraction.dtype and benchmark.dtype are float32, so target.dtype is unused"),
+    **{f"embedded_target.{k}": (v, {"build_target"}) for k, v in {
+        "seed": 1, "vocab_size": 400, "hidden_size": 32, "intermediate_size": 96, "num_layers": 5, "num_heads": 2,
+        "num_kv_heads": 1, "max_position_embeddings": 512, "pretrain_steps": 10, "pretrain_lr": 0.001,
+        "pretrain_batch_size": 4, "pretrain_seq_len": 64}.items()},
+    **{f"synthetic.{k}": (v, {"make_synthetic_corpus"}) for k, v in {"seed": 1, "num_records": 100, "num_heldout": 5}.items()},
+    "datasets.synthetic.source": ("fastchat", {"prepare_dataset"}),
+    "datasets.synthetic.path": ("{tmp}/other.jsonl", set(), "read for source local only"),
+    **{f"datasets.synthetic.{k}": ("x", set(), "read for source hub only") for k in ("name", "subset", "split", "revision")},
+    "datasets.synthetic.max_records": (50, {"prepare_dataset"}),
+    "datasets.synthetic.regenerate": (True, {"regenerate", "prepare_dataset"}),
+    **{f"regenerate.{k}": (v, set(), "no dataset of this configuration regenerates") for k, v in {
+        "max_new_tokens": 8, "batch_size": 2, "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 1, "chunk_size": 2,
+        "device": "cpu", "dtype": "float32"}.items()},
+    "seq_length": (192, {"prepare_dataset", "extract_hidden_states"}),
+    "extraction.backend": ("vllm", {"extract_hidden_states"}),
+    **{f"extraction.{k}": (v, {"extract_hidden_states"}) for k, v in {
+        "num_shards": 3, "batch_tokens": 1024, "max_batch_size": 8, "aux_layer_ids": [1, 2, 4], "device": "auto",
+        "dtype": "bfloat16"}.items()},
+    "extraction.writer_threads": (1, set(), "threads that write finished files: the bytes do not change"),
+    **{f"extraction.{k}": (v, set(), VLLM_ONLY) for k, v in {
+        "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "max_model_len": 512, "batch_size": 8}.items()},
+    "vocab.draft_vocab_size": (128, {"vocab_map"}),
+    **{f"training.{k}": (v, {"train_draft"}) for k, v in {
+        "draft_layers": 2, "ttt_steps": 3, "ttt_step_loss_decay": 0.5, "lr": 0.001, "epochs": 3,
+        "total_seq_length": 384, "scheduler": "cosine", "warmup_steps": 2, "noise_std": 0.0, "tf32": False,
+        "val_fraction": 0.2, "data_fraction": 0.5, "seed": 1, "gpus": 1}.items()},
+    "training.resume": (False, set(), "says whether an interrupted run continues; resumed training is bit-identical"),
+    **{f"variants.default.{k}": (v, {"train_draft"}) for k, v in {
+        "draft_layers": 2, "ttt_steps": 3, "ttt_step_loss_decay": 0.5, "lr": 0.001, "epochs": 3, "noise_std": 0.0,
+        "data_fraction": 0.5, "seed": 1}.items()},
+    "variants.default.datasets": (["synthetic"], set(), "synthetic is the only dataset: the default trains on it too"),
+    "variants.default.benchmark_methods": (["target_greedy", "eagle3_draft"], {"benchmark"}),
+    "benchmark.backend": ("vllm", {"benchmark"}),
+    **{f"benchmark.{k}": (v, {"benchmark"}) for k, v in {
+        "num_speculative_tokens": 1, "max_new_tokens": 8, "methods": ["target_greedy", "eagle3_draft"],
+        "batch_size": 2, "prompt_lookup_ngram": 2, "cuda_graphs": False, "device": "auto", "dtype": "bfloat16",
+        "seed": 1}.items()},
+    "benchmark.num_prompts": (2, {"benchmark_prompts"}),
+    "benchmark.prompts": ("mt_bench", {"benchmark_prompts"}),
+    **{f"benchmark.mt_bench.{k}": (v, set(), "read for benchmark.prompts mt_bench only; this configuration uses heldout")
+       for k, v in {"per_category": 2, "seed": 1, "turns": 2}.items()},
+    "benchmark.temperature": (None, set(), "the schema allows only 0 (greedy is what is measured)"),
+    **{f"benchmark.{k}": (v, set(), VLLM_ONLY) for k, v in {
+        "concurrency": 2, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "max_model_len": 512,
+        "offline_reference": True, "cpu_test_worker": True}.items()},
+    **{f"benchmark.{k}": (v, set(), "how the vllm server is reached, not what it computes") for k, v in {
+        "port": 20000, "server_timeout_s": 60}.items()},
+}
+
+
+def schema_leaf_keys() -> set[str]:
+    """Every leaf key of config/schema/config.schema.yaml, with datasets and variants as the tiny config names them."""
+    schema = yaml.safe_load((REPO / "config" / "schema" / "config.schema.yaml").read_text())
+
+    def leaves(node: dict, prefix: str) -> set[str]:
+        if "$ref" in node:
+            node = schema["definitions"][node["$ref"].split("/")[-1]]
+        props = node.get("properties")
+        if props and node.get("type") == "object":
+            return set().union(*(leaves(v, f"{prefix}{k}.") for k, v in props.items()))
+        if isinstance(node.get("additionalProperties"), dict):
+            name = {"datasets": "synthetic", "variants": "default"}[prefix.rstrip(".")]
+            return leaves(node["additionalProperties"], f"{prefix}{name}.")
+        return {prefix.rstrip(".")}
+
+    return leaves(schema, "")
+
+
+def downstream(rules: set[str]) -> set[str]:
+    out, todo = set(), list(rules)
+    while todo:
+        rule = todo.pop()
+        if rule not in out:
+            out.add(rule)
+            todo += READERS[rule]
+    return out
+
+
+def test_every_schema_key_is_in_the_table():
+    assert schema_leaf_keys() == set(CHANGES)
+
+
+def set_key(config: dict, key: str, value) -> None:
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+@pytest.mark.parametrize("key", sorted(k for k in CHANGES if CHANGES[k][0] is not None))
+def test_one_plain_run_after_a_change_reruns_exactly_what_depends_on_it(pipeline_run, tmp_path, key):
+    value, direct, *why = CHANGES[key]
+    config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
+    if isinstance(value, str) and "{tmp}" in value:
+        value = value.format(tmp=tmp_path)
+    if key == "target.model":
+        shutil.copytree(pipeline_run / "results" / "target", value)
+    set_key(config, key, value)
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(config))
+    planned = set(jobs_planned(snakemake(pipeline_run, "-n", "--configfile", str(tmp_path / "changed.yaml"))))
+    expected = downstream(direct) | {"report", "all"}
+    if key == "target.model":
+        expected -= {"build_target"}
+    assert planned == expected, f"{key} = {value!r}: planned {sorted(planned)}, expected {sorted(expected)} {why}"
+
+
+def test_a_target_changed_in_place_reruns_every_rule_that_loads_it(pipeline_run, tmp_path):
+    """results/target's weights rewritten in place (same size, new bytes): Snakemake sees no newer file, the target's
+    content stands in the params of each rule that loads it."""
+    weights = pipeline_run / "results" / "target" / "model.safetensors"
+    backup = tmp_path / "model.safetensors"
+    shutil.copy2(weights, backup)
+    try:
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1
+        weights.write_bytes(bytes(data))
+        planned = set(jobs_planned(snakemake(pipeline_run, "-n")))
+    finally:
+        shutil.copy2(backup, weights)  # mtime restored too, so the run is as it was
+    assert planned == downstream(TARGET_LOADERS) | {"all"}
+    assert "Nothing to be done" in snakemake(pipeline_run, "-n").stdout
+
+
+def test_target_content_stands_for_the_files_of_a_local_target(tmp_path):
+    from draftsmith.provenance import record_files, target_content
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"weights")
+    (target / "config.json").write_text("{}")
+    local = target_content(str(target), None, built=False)
+    assert target_content(str(target), None, built=False) == local  # stable while nothing changes
+    (target / ".snakemake_timestamp").write_text("")  # dotfiles are not the model's
+    assert target_content(str(target), None, built=False) == local
+    os.utime(target / "model.safetensors", ns=(1, 1))
+    assert target_content(str(target), None, built=False) != local
+    # a target the workflow built is "as built" until its files change, and before it exists
+    assert target_content(str(tmp_path / "not-yet"), None, built=True) == "as built"
+    record_files(target)
+    assert target_content(str(target), None, built=True) == "as built"
+    (target / "model.safetensors").write_bytes(b"WEIGHTS")
+    assert target_content(str(target), None, built=True).startswith("files ")
+
+
+def test_a_deleted_intermediate_is_rebuilt_by_a_plain_run(pipeline_run, tmp_path):
+    d2t = pipeline_run / "results" / "vocab" / "d2t.npy"
+    backup = tmp_path / "d2t.npy"
+    shutil.copy2(d2t, backup)
+    try:
+        d2t.unlink()
+        planned = set(jobs_planned(snakemake(pipeline_run, "-n")))
+    finally:
+        shutil.copy2(backup, d2t)
+    assert planned == downstream({"vocab_map"}) | {"all"}
