@@ -8,8 +8,8 @@ from snakemake.utils import validate
 from draftsmith import artefacts
 from draftsmith.config.workflow import (
     ConfigError,
-    read_config_file,
-    replace_named_sections,
+    check_config,
+    merge_files,
 )
 from draftsmith.data.mtbench import (
     PromptDataError,
@@ -20,15 +20,19 @@ from draftsmith.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from draftsmith.provenance import target_content
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
-# Snakemake keeps the last of a key given twice in a config file, silently: re-read each file strictly.
-# The user's datasets and variants replace the embedded default's (Snakemake would add them to it).
+# Snakemake reads config files as plain YAML 1.1: a key given twice keeps the last silently, `1e-3` is a string.
+# `config` is rebuilt from the same files read strictly (draftsmith.config.workflow), with --config entries on top;
+# the user's datasets and variants replace the embedded default's (Snakemake would add them to it).
+# check_config names each problem by file and key (one line each); validate then fills in the defaults.
 try:
-    for configfile_path in workflow.configfiles:
-        read_config_file(configfile_path)
-    replace_named_sections(config, workflow.configfiles)
+    merged_config = merge_files(workflow.configfiles, workflow.config_settings.config)
+    config_problems = check_config(merged_config, workflow.configfiles)
+    if config_problems:
+        raise ConfigError("\n".join(config_problems))
 except ConfigError as e:
     raise WorkflowError(str(e)) from None
-
+config.clear()
+config.update(merged_config)
 validate(config, "../config/schema/config.schema.yaml")
 
 # Jobs import the draftsmith package from this checkout, whatever environment runs them

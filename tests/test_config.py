@@ -1,4 +1,3 @@
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -8,7 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from draftsmith.config.docs import render
-from draftsmith.config.workflow import load_config
+from draftsmith.config.workflow import ConfigError, load_config, read_config_file
 
 SCHEMA = str(REPO / "config" / "schema" / "config.schema.yaml")
 
@@ -84,8 +83,7 @@ def test_duplicate_key_stops_the_cli_naming_file_key_and_line(tmp_path, command,
 
     path, first = with_duplicate_key(tmp_path)
     args = [command, str(tmp_path / "results"), "--config", str(path)] if command == "validate" else [command, "--config", str(path)]
-    with pytest.raises(SystemExit) if command == "preflight" else nullcontext():
-        assert main(args) == 2
+    assert main(args) == 2
     assert f"{path}: line {first + 1}: key 'num_shards' is given twice (first on line {first})" in capsys.readouterr().err
 
 
@@ -99,7 +97,7 @@ def test_shipped_configs_have_no_duplicate_keys():
 def test_user_datasets_and_variants_replace_the_embedded_defaults(tmp_path):
     """Snakemake deep-merges --configfile over config/config.yaml: a config naming its own dataset would also
     prepare, extract and train on the synthetic corpus. Named sections are replaced instead, in both paths."""
-    from draftsmith.config.workflow import load_config
+    from draftsmith.config.workflow import ConfigError, load_config, read_config_file
 
     user = tmp_path / "mine.yaml"
     user.write_text("datasets:\n  chats: {source: local, path: chats.jsonl}\nvariants:\n  wide: {draft_layers: 2}\n")
@@ -115,3 +113,162 @@ def test_user_datasets_and_variants_replace_the_embedded_defaults(tmp_path):
     planned = snakemake(tmp_path, "-n", check=False).stdout
     assert "results/prepared/chats/" in planned and "results/prepared/synthetic/" not in planned
     assert "results/draft/wide/" in planned and "results/draft/default/" not in planned
+
+
+def edited_config(tmp_path: Path, *edits: tuple[str, str], overrides: dict | None = None) -> Path:
+    """The tiny config with lines replaced as written (spellings yaml.safe_dump would not produce: .inf, 2.0, 1e-3)."""
+    path = write_config(tmp_path, overrides)
+    text = path.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    return path
+
+
+def error_lines(proc) -> list[str]:
+    """The lines of Snakemake's error report between `WorkflowError in file ...` and the `File ...` line."""
+    lines = proc.stdout.splitlines()  # Snakemake prints it there (its profile notice goes to stderr)
+    start = next(i for i, line in enumerate(lines) if line.startswith("WorkflowError"))
+    return [line for line in lines[start + 1:] if not line.lstrip().startswith("File ")]
+
+
+def user_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_non_finite_numbers_stop_the_workflow_naming_file_and_key(tmp_path):
+    """NaN and Inf satisfy minimum/exclusiveMinimum: `lr: .inf` trained an all-NaN draft, exit 0."""
+    path = edited_config(tmp_path, ("  lr: 0.002\n", "  lr: .inf\n"), ("  data_fraction: 1.0\n", "  data_fraction: .nan\n"),
+                         ("  pretrain_lr: 0.003\n", "  pretrain_lr: -.inf\n"))
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert sorted(error_lines(proc)) == [f"{path}: embedded_target.pretrain_lr: -.inf is not a finite number",
+                                         f"{path}: training.data_fraction: .nan is not a finite number",
+                                         f"{path}: training.lr: .inf is not a finite number"]
+
+
+@pytest.mark.parametrize("text, key, spelling", [
+    ("training:\n  lr: .inf\n", "training.lr", ".inf"),
+    ("training:\n  data_fraction: .nan\n", "training.data_fraction", ".nan"),
+    ("training:\n  noise_std: .NaN\n", "training.noise_std", ".nan"),
+    ("regenerate:\n  temperature: -.inf\n", "regenerate.temperature", "-.inf"),
+    ("extraction:\n  aux_layer_ids: [1, .inf, 3]\n", "extraction.aux_layer_ids[1]", ".inf"),
+    ("variants:\n  a: {lr: .inf}\n", "variants.a.lr", ".inf"),
+])
+def test_non_finite_numbers_are_rejected_by_load_config(tmp_path, text, key, spelling):
+    path = user_config(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value) == f"{path}: {key}: {spelling} is not a finite number"
+
+
+def test_integral_floats_are_integers_in_the_workflow(tmp_path):
+    """`num_shards: 2.0` passed the schema (jsonschema's integer takes 2.0), then failed in range() naming no key."""
+    edited_config(tmp_path, ("  num_shards: 2\n", "  num_shards: 2.0\n"), ("  epochs: 2\n", "  epochs: 2.0\n"),
+                  ("seq_length: 256\n", "seq_length: 256.0\n"))
+    planned = snakemake(tmp_path, "-n").stdout
+    assert "results/shards/synthetic/shard_1/manifest.json" in planned
+
+
+def test_integral_floats_become_ints_and_fractions_are_rejected(tmp_path):
+    path = user_config(tmp_path, "seq_length: 256.0\nextraction: {num_shards: 2.0}\ntraining: {epochs: 3.0}\n"
+                                 "variants:\n  a: {epochs: 1e1}\nbenchmark: {num_speculative_tokens: 4.0}\n")
+    config = load_config([path])
+    values = [config["seq_length"], config["extraction"]["num_shards"], config["training"]["epochs"],
+              config["variants"]["a"]["epochs"], config["benchmark"]["num_speculative_tokens"]]
+    assert values == [256, 2, 3, 10, 4] and all(type(v) is int for v in values)
+    assert type(config["training"]["lr"]) is float  # a number key keeps its float
+    path = user_config(tmp_path, "training: {epochs: 2.5}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value) == f"{path}: training.epochs: 2.5 is not an integer"
+
+
+def test_exponent_numbers_are_numbers(tmp_path):
+    """YAML 1.1 (PyYAML, Snakemake's loader) reads `1e-3` as a string: `lr: 1e-3` failed as not of type 'number'."""
+    path = user_config(tmp_path, "a: 1e-3\nb: 1E5\nc: -2e-4\nd: 1.5e3\ne: '1e-3'\nf: 1_000\ng: 0.5\nh: 1e\n")
+    assert read_config_file(path) == {"a": 0.001, "b": 100000.0, "c": -0.0002, "d": 1500.0, "e": "1e-3", "f": 1000,
+                                      "g": 0.5, "h": "1e"}
+    path = user_config(tmp_path, "training: {lr: 1e-3, noise_std: 5E-2}\n")
+    assert load_config([path])["training"]["lr"] == 0.001
+    path = user_config(tmp_path, "training: {lr: \"1e-3\"}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value) == f"{path}: training.lr: '1e-3' is not a number (a quoted number is a string: remove the quotes)"
+
+
+def test_exponent_numbers_are_numbers_in_the_workflow(tmp_path):
+    edited_config(tmp_path, ("  lr: 0.002\n", "  lr: 2e-3\n"), ("  pretrain_lr: 0.003\n", "  pretrain_lr: 3E-3\n"))
+    assert "train_draft" in snakemake(tmp_path, "-n").stdout
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ({"vocabs": {"draft_vocab_size": 256}}, "vocabs: unknown key; did you mean 'vocab'?"),
+    ({"training": {"learning_rate": 0.001}}, "training.learning_rate: unknown key; did you mean 'lr'?"),
+    ({"extraction": {"num_shard": 2}}, "extraction.num_shard: unknown key; did you mean 'num_shards'?"),
+])
+def test_unknown_key_is_one_line_with_the_nearest_valid_key(tmp_path, overrides, line):
+    """A typo printed the whole schema (1,515 lines from `snakemake -n`), with no file and no suggestion."""
+    path = write_config(tmp_path, overrides)
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc) == [f"{path}: {line}"]
+    assert len((proc.stdout + proc.stderr).splitlines()) < 10
+
+
+@pytest.mark.parametrize("section", ["datasets", "variants", "training"])
+def test_null_section_is_an_error_naming_the_key(tmp_path, section):
+    """`datasets:` left empty failed in rules/common.smk with 'NoneType' object has no attribute 'items'."""
+    path = user_config(tmp_path, f"{section}:\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value) == f"{path}: {section}: is empty (null); expected a mapping"
+
+
+def test_null_datasets_stops_the_workflow_naming_the_key(tmp_path):
+    path = edited_config(tmp_path, ("datasets:\n  synthetic:\n    source: synthetic\n", "datasets:\n"))
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc) == [f"{path}: datasets: is empty (null); expected a mapping"]
+
+
+def test_every_problem_is_one_line(tmp_path):
+    path = user_config(tmp_path, "vocabs: {}\ntraining: {learning_rate: 1, epochs: 2.5, lr: .inf}\ndatasets:\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value).splitlines() == [
+        f"{path}: training.lr: .inf is not a finite number",
+        f"{path}: vocabs: unknown key; did you mean 'vocab'?",
+        f"{path}: datasets: is empty (null); expected a mapping",
+        f"{path}: training.learning_rate: unknown key; did you mean 'lr'?",
+        f"{path}: training.epochs: 2.5 is not an integer",
+    ]
+
+
+@pytest.mark.parametrize("command", ["validate", "preflight"])
+def test_config_errors_stop_the_cli_with_one_line_each_and_exit_2(tmp_path, command, capsys):
+    """`draftsmith preflight --config` printed 3,050 lines with a traceback for a typo."""
+    from draftsmith.cli import main
+
+    path = user_config(tmp_path, "vocabs: {draft_vocab_size: 256}\ntraining: {learning_rate: 0.001}\n")
+    args = [command, str(tmp_path / "results"), "--config", str(path)] if command == "validate" else [command, "--config", str(path)]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert captured.err.splitlines() == [f"draftsmith {command}: {path}: vocabs: unknown key; did you mean 'vocab'?",
+                                         f"{path}: training.learning_rate: unknown key; did you mean 'lr'?"]
+
+
+@pytest.mark.parametrize("text, problem", [
+    (None, "No such file or directory"),
+    ("training: [1\nseed: 2\n", "line 2: expected ',' or ']', but got ':'"),
+    ("- 1\n", "the config must be a mapping of keys, not list"),
+])
+def test_unreadable_config_file_is_one_line(tmp_path, text, problem):
+    path = user_config(tmp_path, text) if text else tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value) == f"{path}: {problem}"

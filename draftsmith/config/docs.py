@@ -10,8 +10,12 @@ import yaml
 HEADER = """# Configuration
 
 `config/config.yaml` is the embedded default; `config/examples/` has real runs. Every key is
-validated against `config/schema/config.schema.yaml` when the workflow starts; an unknown key or a
-wrong type stops the run with the schema path of the bad key. This page is generated from that
+validated against `config/schema/config.schema.yaml` when the workflow starts; an unknown key, a
+wrong type or an empty (null) section stops the run with one line per problem naming the file and the
+key path (`mine.yaml: training.learning_rate: unknown key; did you mean 'lr'?`). Numbers: NaN and
+Inf (`.nan`, `.inf`) are rejected anywhere; `2.0` where an integer is meant is read as `2`, while `2.5`
+is an error; `1e-3`, `1E5`, `-2e-4` are numbers (YAML 1.1 would read them as strings), but a quoted
+`"1e-3"` is a string, which a number key rejects. This page is generated from that
 schema (`python -m draftsmith.config.docs > config/README.md`); a test keeps it current. The schema
 is the only place defaults live: validation fills them in, for the workflow and the `draftsmith` CLI alike.
 

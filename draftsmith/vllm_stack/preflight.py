@@ -370,8 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-    except ConfigError as e:
-        parser.error(str(e))
+    except ConfigError as e:  # one line per problem, as `draftsmith validate` prints them
+        print(f"draftsmith preflight: {e}", file=sys.stderr)
+        return 2
     results = Path(config["results"])
     target = args.target or (str(results / "target") if config["target"]["model"] == "embedded" else config["target"]["model"])
     stats = [results / "prepared" / d / "stats.json" for d in config["datasets"]]
