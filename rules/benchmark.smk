@@ -75,7 +75,9 @@ rule benchmark_offline_reference:
         mem_mb=16000,
     params:
         target=target_spec(config["benchmark"]["dtype"]),
-        benchmark=canonical({**job_settings("benchmark", "offline"), "backend": "offline"}),
+        benchmark=canonical(
+            {**job_settings("benchmark", "offline"), "backend": "offline"}
+        ),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
         methods=lambda wc: variant_methods(wc.variant),
     script:

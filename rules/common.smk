@@ -111,7 +111,7 @@ TARGET_FILES_SPEC = {k: v for k, v in TARGET_SPEC.items() if k != "dtype"}
 
 
 def target_spec(stage_dtype):
-    """TARGET_SPEC for a rule that loads the weights in its section's dtype: target.dtype counts only where that
+    """TARGET_SPEC for a job that loads the weights in its section's dtype; target.dtype counts only where that
     is auto (TargetSpec.stage_dtype)."""
     return TARGET_SPEC if stage_dtype == "auto" else {**TARGET_SPEC, "dtype": "auto"}
 
@@ -120,7 +120,8 @@ def job_settings(section, backend=None):
     """A config section as a rule's params: only the keys that change the rule's output, so that a changed key
     re-runs exactly the jobs whose outputs depend on it. Left out (jobs read them from the config at run time):
     keys that only decide how a job runs (RUN_ONLY), those of the other backend, and those the job reads through
-    an input file (SETTLED_BY_INPUT). tests/test_rebuilds.py holds every schema key to this."""
+    an input file (SETTLED_BY_INPUT). tests/test_rebuilds.py holds every schema key to this.
+    """
     leave_out = RUN_ONLY.get(section, set()) | SETTLED_BY_INPUT.get(section, set())
     if backend is not None:
         leave_out |= {
@@ -129,9 +130,7 @@ def job_settings(section, backend=None):
             if other != backend
             for key in keys
         }
-    return canonical(
-        {k: v for k, v in config[section].items() if k not in leave_out}
-    )
+    return canonical({k: v for k, v in config[section].items() if k not in leave_out})
 
 
 RUN_ONLY = {
@@ -310,4 +309,6 @@ def all_outputs():
     """Rule all's inputs: every output of the DAG (draftsmith.artefacts), intermediates too, because Snakemake 9
     rebuilds a missing intermediate only when a job after it must run: listed here, a deleted vocab map or shard
     is rebuilt by a plain `snakemake`, and what depends on it re-runs."""
-    return [str(p) for paths in artefacts.expected_outputs(config).values() for p in paths]
+    return [
+        str(p) for paths in artefacts.expected_outputs(config).values() for p in paths
+    ]

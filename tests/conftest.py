@@ -118,6 +118,16 @@ def pipeline_run(tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.fixture(scope="module")
+def up_to_date_run(pipeline_run) -> Path:
+    """The session's pipeline run brought up to date (tests in earlier modules may have rebuilt one of its outputs);
+    tests that use it put back what they change."""
+    snakemake(pipeline_run)
+    noop = snakemake(pipeline_run, "-n")
+    assert "Nothing to be done" in noop.stdout + noop.stderr, noop.stdout[-3000:]
+    return pipeline_run
+
+
 def build_target(out: Path, config: dict) -> Path:
     """A small Llama target + tokenizer built by the embedded-target code (`config`: an `embedded_target`
     section), pretrained on synthetic chats."""

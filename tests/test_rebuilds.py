@@ -89,6 +89,12 @@ CHANGES = {
 }
 
 
+@pytest.fixture(scope="module")
+def run(up_to_date_run):
+    """The session's finished tiny run, up to date."""
+    return up_to_date_run
+
+
 def schema_leaf_keys() -> set[str]:
     """Every leaf key of config/schema/config.schema.yaml, with datasets and variants as the tiny config names them."""
     schema = yaml.safe_load((REPO / "config" / "schema" / "config.schema.yaml").read_text())
@@ -130,37 +136,37 @@ def set_key(config: dict, key: str, value) -> None:
 
 
 @pytest.mark.parametrize("key", sorted(k for k in CHANGES if CHANGES[k][0] is not None))
-def test_one_plain_run_after_a_change_reruns_exactly_what_depends_on_it(pipeline_run, tmp_path, key):
+def test_one_plain_run_after_a_change_reruns_exactly_what_depends_on_it(run, tmp_path, key):
     value, direct, *why = CHANGES[key]
-    config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
+    config = yaml.safe_load((run / "config.yaml").read_text())
     if isinstance(value, str) and "{tmp}" in value:
         value = value.format(tmp=tmp_path)
     if key == "target.model":
-        shutil.copytree(pipeline_run / "results" / "target", value)
+        shutil.copytree(run / "results" / "target", value)
     set_key(config, key, value)
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(config))
-    planned = set(jobs_planned(snakemake(pipeline_run, "-n", "--configfile", str(tmp_path / "changed.yaml"))))
+    planned = set(jobs_planned(snakemake(run, "-n", "--configfile", str(tmp_path / "changed.yaml"))))
     expected = downstream(direct) | {"report", "all"}
     if key == "target.model":
         expected -= {"build_target"}
     assert planned == expected, f"{key} = {value!r}: planned {sorted(planned)}, expected {sorted(expected)} {why}"
 
 
-def test_a_target_changed_in_place_reruns_every_rule_that_loads_it(pipeline_run, tmp_path):
+def test_a_target_changed_in_place_reruns_every_rule_that_loads_it(run, tmp_path):
     """results/target's weights rewritten in place (same size, new bytes): Snakemake sees no newer file, the target's
     content stands in the params of each rule that loads it."""
-    weights = pipeline_run / "results" / "target" / "model.safetensors"
+    weights = run / "results" / "target" / "model.safetensors"
     backup = tmp_path / "model.safetensors"
     shutil.copy2(weights, backup)
     try:
         data = bytearray(weights.read_bytes())
         data[-1] ^= 1
         weights.write_bytes(bytes(data))
-        planned = set(jobs_planned(snakemake(pipeline_run, "-n")))
+        planned = set(jobs_planned(snakemake(run, "-n")))
     finally:
         shutil.copy2(backup, weights)  # mtime restored too, so the run is as it was
     assert planned == downstream(TARGET_LOADERS) | {"all"}
-    assert "Nothing to be done" in snakemake(pipeline_run, "-n").stdout
+    assert "Nothing to be done" in snakemake(run, "-n").stdout
 
 
 def test_target_content_stands_for_the_files_of_a_local_target(tmp_path):
@@ -184,13 +190,13 @@ def test_target_content_stands_for_the_files_of_a_local_target(tmp_path):
     assert target_content(str(target), None, built=True).startswith("files ")
 
 
-def test_a_deleted_intermediate_is_rebuilt_by_a_plain_run(pipeline_run, tmp_path):
-    d2t = pipeline_run / "results" / "vocab" / "d2t.npy"
+def test_a_deleted_intermediate_is_rebuilt_by_a_plain_run(run, tmp_path):
+    d2t = run / "results" / "vocab" / "d2t.npy"
     backup = tmp_path / "d2t.npy"
     shutil.copy2(d2t, backup)
     try:
         d2t.unlink()
-        planned = set(jobs_planned(snakemake(pipeline_run, "-n")))
+        planned = set(jobs_planned(snakemake(run, "-n")))
     finally:
         shutil.copy2(backup, d2t)
     assert planned == downstream({"vocab_map"}) | {"all"}

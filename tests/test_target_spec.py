@@ -7,7 +7,7 @@ from draftsmith.target_model.spec import TargetSpec
 
 # one output of each rule; the first group loads the target (tokenizer, config or weights) or, the report,
 # shows the whole config; the second never loads it
-LOADS_TARGET = {"prepare_dataset": "prepared/synthetic/stats.json", "preflight": "preflight.json",
+LOADS_TARGET = {"prepare_dataset": "prepared/synthetic/stats.json",
                 "extract_hidden_states": "shards/synthetic/shard_0/manifest.json", "vocab_map": "vocab/d2t.npy",
                 "train_draft": "draft/default/config.json", "benchmark": "benchmark/default/summary.json",
                 "report": "report/report.html"}

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from conftest import snakemake, write_config
 
 from draftsmith.cli import main
+
+
+@pytest.fixture(scope="module")
+def run(up_to_date_run):
+    """The session's finished tiny run, up to date."""
+    return up_to_date_run
 
 
 def test_validate_names_each_missing_output_and_the_command_that_rebuilds_it(tmp_path, capsys):
@@ -33,39 +41,39 @@ def console(proc) -> str:
     return proc.stdout + proc.stderr
 
 
-def test_snakemake_validate_and_preflight_run_every_time_and_print_their_verdict(pipeline_run):
+def test_snakemake_validate_and_preflight_run_every_time_and_print_their_verdict(run):
     for _ in range(2):
-        proc = snakemake(pipeline_run, "validate")
+        proc = snakemake(run, "validate")
         assert "Nothing to be done" not in console(proc)
         assert "failed (log: logs/validate.log)" in proc.stdout and "validate: " in proc.stdout
         assert ", 0 failed" in proc.stdout
-        proc = snakemake(pipeline_run, "preflight")
+        proc = snakemake(run, "preflight")
         assert "Nothing to be done" not in console(proc)
         assert "preflight: ok (log: logs/preflight.log)" in proc.stdout and "[  ok] layer ids" in proc.stdout
 
 
-def test_validate_requires_the_vocab_map_and_names_what_is_missing(pipeline_run, tmp_path):
-    d2t = pipeline_run / "results" / "vocab" / "d2t.npy"
+def test_validate_requires_the_vocab_map_and_names_what_is_missing(run, tmp_path):
+    d2t = run / "results" / "vocab" / "d2t.npy"
     shutil.copy2(d2t, tmp_path / "d2t.npy")
     try:
         d2t.unlink()
-        proc = snakemake(pipeline_run, "validate", check=False)
+        proc = snakemake(run, "validate", check=False)
     finally:
         shutil.copy2(tmp_path / "d2t.npy", d2t)
     assert proc.returncode != 0
     assert f"FAIL {d2t}: missing: the config implies this output (rule vocab_map)" in proc.stdout
 
 
-def test_validate_finds_drafts_and_benchmarks_made_from_another_target(pipeline_run, tmp_path):
+def test_validate_finds_drafts_and_benchmarks_made_from_another_target(run, tmp_path):
     """The target's weights rewritten in place: the shards, the draft and the benchmark no longer describe it."""
-    r = pipeline_run / "results"
+    r = run / "results"
     weights = r / "target" / "model.safetensors"
     shutil.copy2(weights, tmp_path / "model.safetensors")
     try:
         data = bytearray(weights.read_bytes())
         data[-1] ^= 1
         weights.write_bytes(bytes(data))
-        proc = snakemake(pipeline_run, "validate", check=False)
+        proc = snakemake(run, "validate", check=False)
     finally:
         shutil.copy2(tmp_path / "model.safetensors", weights)
     assert proc.returncode != 0
@@ -75,4 +83,4 @@ def test_validate_finds_drafts_and_benchmarks_made_from_another_target(pipeline_
             "ones (changed: target.weights_sha256.model.safetensors)") in out
     assert (f"FAIL {r / 'benchmark' / 'default' / 'summary.json'}: ValueError: made from other draft, prompts or target "
             "than the current ones (changed: target.weights_sha256.model.safetensors)") in out
-    assert ", 0 failed" in snakemake(pipeline_run, "validate").stdout
+    assert ", 0 failed" in snakemake(run, "validate").stdout
