@@ -160,6 +160,8 @@ def test_no_benchmark_prompt_reaches_the_training_prompts(tmp_path, caplog):
                                              {"role": "assistant", "content": "x"}]}
     write_jsonl(tmp_path / "train.jsonl", train + [planted])
     synthetic = regeneration_prompts({"source": "local", "path": str(tmp_path / "train.jsonl")}, "synthetic")
-    assert len(synthetic) == 20 and "dropped 1 prompts" in caplog.text
+    assert "dropped 1 prompts" in caplog.text and synthetic.records_read == 21
+    # the corpus asks one question twice (same system and user turn), which is answered once
+    assert synthetic.dropped == {"mtbench_question": 1, "duplicate_prompt": 1} and len(synthetic) == 19
     for record in fastchat + synthetic:
         assert not any(mtbench.normalise_text(m["content"]) in banned for m in record["messages"]), record

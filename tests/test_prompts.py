@@ -73,7 +73,7 @@ def test_num_prompts_limits_and_errors_name_the_problem(tmp_path):
     path, heldout = write_heldout(tmp_path, 5, 8, seed=2)
     assert len(load_prompts(str(path), 3)) == 3
     write_jsonl(tmp_path / "dup.jsonl", [heldout[0], heldout[0]])
-    with pytest.raises(ValueError, match=r"dup.jsonl: record 1 .*duplicate prompt id"):
+    with pytest.raises(ValueError, match=r"dup.jsonl: line 2 .*duplicate prompt id .*\(first seen at .*dup.jsonl: line 1 "):
         load_prompts(str(tmp_path / "dup.jsonl"), 5)
     write_jsonl(tmp_path / "none.jsonl", [{"id": "x", "turns": [""]}])
     with pytest.raises(ValueError, match="no usable prompts in .*none.jsonl"):

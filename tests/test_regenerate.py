@@ -151,7 +151,6 @@ def test_prompts_from_jsonl(tiny_target, tmp_path):
     ([{"id": "a", "messages": []}], "record 0 \\(id a\\): field 'messages'"),
     ([{"id": "a", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]}],
      "last message must be a user turn"),
-    ([{"id": "a", "messages": [{"role": "user", "content": "q"}]}] * 2, "duplicate id 'a'"),
     ([], "no prompts"),
 ])
 def test_bad_prompt_records(bad, message):
@@ -172,7 +171,175 @@ def test_prompts_with_no_room_for_an_answer_are_skipped(tiny_target, tmp_path, c
         stats = regen.regenerate(records, tiny_target, out, max_new_tokens=4, show_progress=False,
                                  max_prompt_tokens=limit)
     assert [r["id"] for r in rows(out)] == ["p0", "p1", "p2"] and stats["num_prompts"] == 3
+    assert stats["dropped_by_reason"] == {"prompt_too_long": 1} and stats["records_read"] == 4
     assert f"skipped 1 of 4 prompts of {limit} tokens or more" in caplog.text
     with pytest.raises(ValueError, match="nothing to regenerate"):
         regen.regenerate(records[3:], tiny_target, tmp_path / "none.jsonl", max_new_tokens=4, show_progress=False,
                          max_prompt_tokens=limit)
+
+
+# ----------------------------------------------------------------------------- what is dropped, and why
+
+
+def numbered_questions(n):
+    return [f"What is {i} + 7?" for i in range(n)]
+
+
+def test_every_dropped_prompt_is_counted_by_reason_through_prepare_into_the_report(tiny_target, tmp_path, caplog):
+    """A 40-record file with an empty prompt, a whitespace-only one, an MT-Bench question and one too long for
+    an answer: 4 dropped, each counted by reason in regenerate's stats file, carried by prepare into its
+    stats.json, and shown by the report's data table as 40 read, 4 dropped by regenerate, 36 kept."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.data import mtbench
+    from draftsmith.data.tokenization import prepare_dataset
+    from draftsmith.io import read_json
+    from draftsmith.report.load import load_stats
+    from draftsmith.report.tables import stats_table
+
+    records = [{"id": f"q{i}", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(numbered_questions(36))]
+    records[5:5] = [{"id": "empty", "messages": [{"role": "user", "content": ""}]}]
+    records[9:9] = [{"id": "blank", "messages": [{"role": "user", "content": " \n\t "}]}]
+    records[20:20] = [{"id": "bench", "messages": [{"role": "user", "content": mtbench.load_questions()[0]["turns"][0]}]}]
+    records.append({"id": "long", "messages": [{"role": "user", "content": "Tell me a story. " * 40}]})
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, records)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    limit = 1 + max(len(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in records[:-1])
+    out = tmp_path / "regenerated" / "chat.jsonl"
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+        returned = regen.regenerate(regen.regeneration_prompts({"source": "local", "path": str(raw)}, "local"),
+                                    tiny_target, out, max_new_tokens=2, batch_size=12, chunk_size=12,
+                                    show_progress=False, max_prompt_tokens=limit)
+    written = read_json(tmp_path / "regenerated" / "chat.stats.json")
+    assert written == returned
+    assert written["records_read"] == 40 and written["num_prompts"] == 36 == len(rows(out))
+    assert written["prompts_dropped"] == 4
+    assert written["dropped_by_reason"] == {"empty_content": 2, "mtbench_question": 1, "prompt_too_long": 1}
+    assert "4 of 40 prompts read are not answered (empty_content: 2, mtbench_question: 1, prompt_too_long: 1)" \
+        in caplog.text
+    # each skipped record is named by its line (1-based), not its 0-based index
+    assert f"skipped {raw}: line 6 (id empty): messages[0].content is empty" in caplog.text
+    assert f"skipped {raw}: line 10 (id blank)" in caplog.text
+
+    prepared = tmp_path / "prepared" / "chat"
+    prepare_dataset({"source": "local", "path": str(out)}, tokenizer, 64, prepared / "samples.parquet",
+                    prepared / "stats.json", name="chat")
+    stats = read_json(prepared / "stats.json")
+    assert stats["records_read"] == 36 and stats["regenerate"]["dropped_by_reason"] == written["dropped_by_reason"]
+    df = load_stats([prepared / "stats.json"])
+    row = stats_table(df).iloc[0]
+    assert row["records read"] == 40 and row["dropped by regenerate"] == 4
+    assert row["dropped by regenerate by reason"] == "empty_content: 2, mtbench_question: 1, prompt_too_long: 1"
+    assert row["records read"] == row["dropped by regenerate"] + row["records skipped"] + row["records kept"]
+
+    # stats of another version of the file are not carried over
+    write_jsonl(out, rows(out)[:-1])
+    with caplog.at_level(logging.WARNING):
+        prepare_dataset({"source": "local", "path": str(out)}, tokenizer, 64, prepared / "samples.parquet",
+                        prepared / "stats.json", name="chat")
+    assert "regenerate" not in read_json(prepared / "stats.json") and "sha256 differs" in caplog.text
+
+
+def test_the_same_prompt_under_another_id_is_answered_once(tiny_target, tmp_path, monkeypatch):
+    """Duplicates compare case-folded with whitespace collapsed; punctuation and other turns still count. The
+    fingerprint covers the prompts as answered, so a duplicate added to the input keeps finished chunks."""
+    texts = ["Say hi.", "  say   HI. ", "What is 2+2?", "What is 2-2?", "What is 2+2?\n"]
+    records = [{"id": f"d{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)]
+    records.append({"id": "sys", "messages": [{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Say hi."}]})
+    loaded = regen.load_prompt_records(records)
+    assert [r["id"] for r in loaded] == ["d0", "d2", "d3", "sys"]
+    assert loaded.dropped == {"duplicate_prompt": 2} and loaded.records_read == 6
+
+    out = tmp_path / "a.jsonl"
+    stats = regen.regenerate(records, tiny_target, out, max_new_tokens=2, chunk_size=2, show_progress=False)
+    assert [r["id"] for r in rows(out)] == ["d0", "d2", "d3", "sys"]
+    assert stats["duplicate_prompts"] == 2 and stats["dropped_by_reason"] == {"duplicate_prompt": 2}
+    unique = [r for r in records if r["id"] in ("d0", "d2", "d3", "sys")]
+    assert regen.regenerate(unique, tiny_target, tmp_path / "b.jsonl", max_new_tokens=2, chunk_size=2,
+                            show_progress=False)["fingerprint"] == stats["fingerprint"]
+
+    real, calls = regen._generate_chunk, []
+
+    def failing_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("interrupted")
+        return real(*a, **k)
+
+    monkeypatch.setattr(regen, "_generate_chunk", failing_second)
+    with pytest.raises(RuntimeError):
+        regen.regenerate(unique, tiny_target, tmp_path / "c.jsonl", max_new_tokens=2, chunk_size=2,
+                         show_progress=False)
+    monkeypatch.setattr(regen, "_generate_chunk", real)
+    resumed = regen.regenerate(records, tiny_target, tmp_path / "c.jsonl", max_new_tokens=2, chunk_size=2,
+                               show_progress=False)  # the duplicates added back: the same prompts are answered
+    assert resumed["chunks_reused"] == 1 and rows(tmp_path / "c.jsonl") == rows(out)
+
+
+def test_duplicate_ids_are_answered_under_unique_ids_and_prepare_keeps_them(tiny_target, tmp_path, caplog):
+    """A file that prepare accepts with repeated ids is accepted by regenerate too: the second `x` is answered as
+    `x#2` (an id `x#2` already in the file is bumped past), counted, and warned naming the lines."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.data.tokenization import prepare_dataset, read_samples
+
+    questions = numbered_questions(4)
+    records = [{"id": "x", "messages": [{"role": "user", "content": questions[0]}]},
+               {"id": "x", "messages": [{"role": "user", "content": questions[1]}]},
+               {"id": "y", "messages": [{"role": "user", "content": questions[2]}]},
+               {"id": "x#2", "messages": [{"role": "user", "content": questions[3]}]}]
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, records)
+    out = tmp_path / "chat.jsonl"
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+        stats = regen.regenerate(regen.regeneration_prompts({"source": "local", "path": str(raw)}, "local"),
+                                 tiny_target, out, max_new_tokens=2, show_progress=False)
+    assert [r["id"] for r in rows(out)] == ["x", "x#2", "y", "x#2#2"]
+    assert [r["messages"][0]["content"] for r in rows(out)] == questions
+    assert stats["duplicate_record_ids"] == 1 and stats["prompts_dropped"] == 0 and stats["num_prompts"] == 4
+    assert f"{raw}: line 2 (id x): duplicate prompt id 'x' (first seen at {raw}: line 1 (id x)); kept, as 'x#2'" \
+        in caplog.text
+    prepared = prepare_dataset({"source": "local", "path": str(out)}, AutoTokenizer.from_pretrained(tiny_target), 64,
+                               tmp_path / "samples.parquet", tmp_path / "stats.json", name="chat")
+    assert prepared["regenerate"]["duplicate_record_ids"] == 1
+    kept = read_samples(tmp_path / "samples.parquet")["sample_id"]
+    assert len(set(kept)) == len(kept) and set(kept) <= {"chat/x", "chat/x#2", "chat/y", "chat/x#2#2"}
+
+
+def test_records_in_the_regenerate_path_are_named_by_line_or_record(tmp_path, caplog):
+    """JSON Lines: `line <n>`, 1-based; JSON arrays (FastChat's conversations): `record <i>`, 0-based."""
+    from draftsmith.data.mtbench import PromptDataError
+
+    path = tmp_path / "raw.jsonl"
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "Say hi."}]}) + "\n\n"
+                    + "{not json\n" + json.dumps({"id": "b", "messages": [{"role": "wizard", "content": "x"}]}) + "\n")
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+        records = regen.regeneration_prompts({"source": "local", "path": str(path)}, "local")
+    assert f"{path}: line 3: invalid JSON" in caplog.text and f"{path}: line 4 (id b): messages[0].role" in caplog.text
+    assert "record 2" not in caplog.text and "record 3" not in caplog.text
+    assert [r["id"] for r in records] == ["a"] and records.dropped == {"invalid_json": 1, "unknown_role": 1}
+
+    conversations = tmp_path / "conversations.json"
+    conversations.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
+                                         {"id": "b", "conversations": [{"from": "human"}]}]))
+    with pytest.raises(PromptDataError, match=r"record 1 \(id b\): conversations\[0\] needs string fields"):
+        regen.regeneration_prompts({"path": str(conversations), "max_records": None}, "fastchat")
+
+
+def test_fastchat_and_prompt_set_drops_are_counted(tmp_path):
+    from draftsmith.data import mtbench
+
+    fastchat = regen.regeneration_prompts({"path": str(mtbench.fastchat_conversations_file()), "max_records": 50},
+                                          "fastchat")
+    assert len(fastchat) == 50 and fastchat.records_read == 1000  # 500 identity chats, two user turns each
+    assert fastchat.dropped == {"duplicate_prompt": 946, "beyond_max_records": 4}
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"uid": "a", "subcategory": "math", "prompt": "Solve x + 1 = 2."},
+        {"uid": "b", "subcategory": "math", "prompt": "Решите уравнение x + 1 = 2."},
+        {"uid": "c", "subcategory": "math", "prompt": "solve  X + 1 = 2."}]))
+    arena = regen.regeneration_prompts({"path": str(path), "max_records": None}, "arena_hard")
+    assert [r["id"] for r in arena] == ["arena_hard_a"] and arena.records_read == 3
+    assert arena.dropped == {"not_latin_script": 1, "duplicate_prompt": 1}

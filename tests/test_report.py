@@ -346,6 +346,48 @@ def test_data_shard_and_draft_tables_equal_inputs(built):
         assert row["draft vocab"] == fmt(cfg["draft_vocab_size"]) and row["config sha256"] == sha256_file(path)
 
 
+def prepared_stats(dataset, read, kept, skipped, regenerate=None) -> dict:
+    stats = {"dataset": dataset, "records_read": read, "records_kept": kept, "records_skipped": sum(skipped.values()),
+             "skipped_by_reason": skipped, "duplicate_record_ids": 0, "records_truncated": 0, "tokens": 30 * kept,
+             "assistant_tokens": 10 * kept, "seq_length": 64}
+    return {**stats, "regenerate": regenerate} if regenerate is not None else stats
+
+
+def test_data_table_shows_what_regenerate_dropped(tmp_path):
+    """A regenerated dataset of 40 raw records, 4 dropped by regenerate (by reason) and 36 answered, one answer
+    empty: the data table shows 40 read, 4 dropped by regenerate by reason, 1 skipped, 35 kept (not "36 read"),
+    and the findings count from the raw records; a dataset that was not regenerated shows no drops."""
+    from draftsmith.report.figures import plot_data_stats
+    from draftsmith.report.load import load_stats
+    from draftsmith.report.tables import display, findings, stats_table
+
+    dropped = {"duplicate_prompt": 1, "empty_content": 2, "prompt_too_long": 1}
+    paths = [tmp_path / "chat" / "stats.json", tmp_path / "raw" / "stats.json"]
+    write_json(paths[0], prepared_stats("chat", 36, 35, {"empty_content": 1}, {
+        "records_read": 40, "prompts_dropped": 4, "dropped_by_reason": dropped, "duplicate_prompts": 1,
+        "duplicate_record_ids": 0, "num_prompts": 36}))
+    write_json(paths[1], prepared_stats("raw", 10, 9, {"invalid_json": 1}))
+    stats = load_stats(paths)
+    table = display(stats_table(stats)).set_index("dataset")
+    assert list(table.columns[:5]) == ["records read", "dropped by regenerate", "dropped by regenerate by reason",
+                                       "records kept", "records skipped"]
+    assert table.loc["chat", "records read"] == "40" and table.loc["chat", "dropped by regenerate"] == "4"
+    assert table.loc["chat", "dropped by regenerate by reason"] == "duplicate_prompt: 1, empty_content: 2, prompt_too_long: 1"
+    assert (table.loc["chat", "records skipped"], table.loc["chat", "records kept"]) == ("1", "35")
+    assert tuple(table.loc["raw", ["records read", "dropped by regenerate", "dropped by regenerate by reason"]]) == \
+        ("10", "0", "none")
+    empty = pd.DataFrame(columns=["variant", "method", "acceptance_length", "category", "split", "epoch", "step",
+                                  "loss", "train tokens", "acceptance length", "datasets"])
+    line = next(x for x in findings({}, empty, stats, empty, empty, empty) if x.startswith("Training data"))
+    assert "44 conversations kept of 50 read (4 prompts dropped before the target answered, 2 skipped)" in line
+    plot_data_stats(stats, tmp_path / "data_stats.png")
+    assert (tmp_path / "data_stats.png").read_bytes().startswith(PNG_MAGIC)
+    write_json(paths[0], prepared_stats("chat", 36, 35, {}, {"prompts_dropped": 4}))
+    with pytest.raises(ReportInputError, match=r"chat/stats.json: regenerate: missing field\(s\) records_read, "
+                                               r"dropped_by_reason"):
+        load_stats(paths)
+
+
 def test_training_table_and_provenance(built, inputs):
     out, _, paths = built
     root, _ = inputs

@@ -123,7 +123,8 @@ def as_prompt_records(questions: list[dict], turns: int = 1) -> list[dict]:
 
 
 def load_conversations(path: str | Path | None = None) -> list[dict]:
-    """The ShareGPT-format conversations: [{id, conversations: [{from, value}, ...]}], validated."""
+    """The ShareGPT-format conversations: [{id, conversations: [{from, value}, ...]}], validated; a bad one is
+    named `record <i>` (0-based, as for any JSON array of records)."""
     path = Path(path) if path is not None else package_file(CONVERSATIONS_RELPATH)
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -133,10 +134,10 @@ def load_conversations(path: str | Path | None = None) -> list[dict]:
         raise PromptDataError(f"{path}: expected a JSON list of conversations")
     for i, conv in enumerate(data):
         if not isinstance(conv, dict) or not isinstance(conv.get("conversations"), list):
-            raise PromptDataError(f"{path}: conversation {i}: field 'conversations' must be a list")
+            raise PromptDataError(f"{path}: record {i}: field 'conversations' must be a list")
         for j, turn in enumerate(conv["conversations"]):
             if not isinstance(turn, dict) or not isinstance(turn.get("from"), str) or not isinstance(turn.get("value"), str):
-                raise PromptDataError(f"{path}: conversation {i} ({conv.get('id')}), turn {j}: "
+                raise PromptDataError(f"{path}: record {i} (id {conv.get('id')}): conversations[{j}] "
                                       f"needs string fields 'from' and 'value'")
     return data
 

@@ -17,6 +17,7 @@ MT-Bench are English; the count is logged.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 from draftsmith.data.mtbench import PromptDataError
@@ -44,13 +45,16 @@ def mostly_latin(text: str, threshold: float = 0.9) -> bool:
     return not letters or sum(c.isascii() or "\u00c0" <= c <= "\u024f" for c in letters) / len(letters) >= threshold
 
 
-def load_prompt_set(name: str, path: str | Path | None = None, latin_only: bool = True) -> list[dict]:
-    """The prompts of set `name` in file order as `{"id", "category", "messages"}`; every line validated."""
+def load_prompt_set(name: str, path: str | Path | None = None, latin_only: bool = True,
+                    skipped: Counter | None = None) -> list[dict]:
+    """The prompts of set `name` in file order as `{"id", "category", "messages"}`; every line validated.
+
+    `skipped`, if given, counts the prompts left out by reason (`not_latin_script`)."""
     if name not in PROMPT_SETS:
         raise PromptDataError(f"unknown prompt set {name!r} (known: {', '.join(PROMPT_SETS)})")
     _, id_field, category_field = PROMPT_SETS[name]
     path = Path(path) if path is not None else prompt_set_file(name)
-    records, seen, skipped = [], {}, 0
+    records, seen, not_latin = [], {}, 0
     for lineno, row in iter_jsonl(path, PromptDataError):
         where = f"{path}, line {lineno}"
         if not isinstance(row, dict):
@@ -65,13 +69,15 @@ def load_prompt_set(name: str, path: str | Path | None = None, latin_only: bool 
             raise PromptDataError(f"{where}: field {id_field!r} = {row[id_field]!r} repeats line {seen[rid]}")
         seen[rid] = lineno
         if latin_only and not mostly_latin(row["prompt"]):
-            skipped += 1
+            not_latin += 1
             continue
         category = row.get(category_field) if category_field else None
         records.append({"id": rid, "category": category if isinstance(category, str) and category else name,
                         "messages": [{"role": "user", "content": row["prompt"]}]})
-    if skipped:
-        log.info("%s: skipped %d prompts written mostly in non-Latin scripts", path, skipped)
+    if not_latin:
+        log.info("%s: skipped %d prompts written mostly in non-Latin scripts", path, not_latin)
+        if skipped is not None:
+            skipped["not_latin_script"] += not_latin
     if not records:
         raise PromptDataError(f"{path}: no prompts")
     return records

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Iterator
 
 from draftsmith.data.chat_data import BadRecord, normalise
 from draftsmith.data.readers import RawRecord, iter_records
@@ -55,31 +56,40 @@ def _category(data: dict) -> str:
     return "all"
 
 
-def load_prompts(spec: str | dict, num_prompts: int | None) -> list[dict]:
-    """The first `num_prompts` (None: all) usable prompts of `spec` as `{"prompt_id", "category", "messages"}`
-    (ending with a user turn)."""
-    if num_prompts is not None and num_prompts < 1:
-        raise ValueError(f"benchmark.num_prompts must be >= 1, got {num_prompts}")
-    if isinstance(spec, dict):
-        source_spec, name = spec, spec.get("path") or spec.get("name")
-    else:
-        source_spec, name = {"source": "local", "path": str(spec)}, str(spec)
-    prompts: list[dict] = []
-    seen: set[str] = set()
+def iter_prompts(spec: str | Path | dict) -> Iterator[tuple[RawRecord, dict | BadRecord]]:
+    """Each record of `spec` (a path, or a dataset spec dict) with its prompt `{"prompt_id", "category",
+    "messages"}`, or with the BadRecord saying why it has none (its `reason` is the stats key). Name a
+    record by `raw.where`: `line N` (1-based) in JSON Lines, `record N` (0-based) in arrays and Parquet."""
+    source_spec = spec if isinstance(spec, dict) else {"source": "local", "path": str(spec)}
     for raw in iter_records(source_spec):
-        where = f"{raw.source}: record {raw.index} (id {raw.record_id})"
         try:
             if raw.data is None:
-                raise BadRecord("invalid_json", raw.error)
+                raise BadRecord(raw.reason or "invalid_json", raw.error)
             messages = _prompt_messages(raw.data)
         except BadRecord as e:
-            log.warning("skipping prompt %s: %s", where, e)
+            yield raw, e
             continue
-        prompt_id = _prompt_id(raw)
-        if prompt_id in seen:
-            raise ValueError(f"{where}: duplicate prompt id {prompt_id!r}; benchmark rows are keyed by prompt id")
-        seen.add(prompt_id)
-        prompts.append({"prompt_id": prompt_id, "category": _category(raw.data), "messages": messages})
+        yield raw, {"prompt_id": _prompt_id(raw), "category": _category(raw.data), "messages": messages}
+
+
+def load_prompts(spec: str | dict, num_prompts: int | None) -> list[dict]:
+    """The first `num_prompts` (None: all) usable prompts of `spec` as `{"prompt_id", "category", "messages"}`
+    (ending with a user turn). Benchmark rows are keyed by prompt id, so a repeated id fails."""
+    if num_prompts is not None and num_prompts < 1:
+        raise ValueError(f"benchmark.num_prompts must be >= 1, got {num_prompts}")
+    name = (spec.get("path") or spec.get("name")) if isinstance(spec, dict) else str(spec)
+    prompts: list[dict] = []
+    first_seen: dict[str, str] = {}
+    for raw, prompt in iter_prompts(spec):
+        if isinstance(prompt, BadRecord):
+            log.warning("skipping prompt %s: %s", raw.where, prompt)
+            continue
+        prompt_id = prompt["prompt_id"]
+        if prompt_id in first_seen:
+            raise ValueError(f"{raw.where}: duplicate prompt id {prompt_id!r} (first seen at {first_seen[prompt_id]}); "
+                             "benchmark rows are keyed by prompt id")
+        first_seen[prompt_id] = raw.where
+        prompts.append(prompt)
         if len(prompts) == num_prompts:
             break
     if not prompts:

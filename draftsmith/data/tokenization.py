@@ -192,7 +192,9 @@ def _sample_id(name: str, record_id: str, occurrence: int, used: set[str]) -> st
 def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stats_path: Path, name: str) -> dict:
     """Tokenize every usable record of `spec` into a Parquet file; write stats; return them.
 
-    stats.json is written even when no record is usable (then this raises after writing it)."""
+    stats.json is written even when no record is usable (then this raises after writing it). When `spec` is a
+    file that rule regenerate wrote (its stats beside it still match it), those stats are copied in under
+    `regenerate`: the raw records read and the prompts dropped before answering, by reason."""
     skipped: Counter[str] = Counter()
     rows = {"sample_id": [], "input_ids": [], "loss_mask": []}
     read = truncated = tokens = assistant_tokens = duplicates = 0
@@ -245,6 +247,12 @@ def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stat
         "assistant_tokens": assistant_tokens,
         "seq_length": seq_length,
     }
+    if spec["source"] == "local":
+        from draftsmith.data.regenerate import read_regenerate_stats
+
+        regenerated = read_regenerate_stats(spec["path"])
+        if regenerated is not None:
+            stats["regenerate"] = regenerated
     if duplicates:
         log.warning("%s: %d records repeat an earlier record's id; their sample ids carry a '#N' suffix", name,
                     duplicates)

@@ -166,6 +166,8 @@ def plot_data_stats(stats: pd.DataFrame, path: Path) -> None:
         records.append({"dataset": r.dataset, "records": "kept", "count": r.records_kept})
         for reason, n in sorted(r.skipped_by_reason.items()):
             records.append({"dataset": r.dataset, "records": f"skipped: {reason}", "count": n})
+        for reason, n in sorted(r.dropped_by_regenerate_by_reason.items()):
+            records.append({"dataset": r.dataset, "records": f"dropped by regenerate: {reason}", "count": n})
     tokens = stats.melt(id_vars="dataset", value_vars=["tokens", "assistant_tokens"], var_name="tokens",
                         value_name="count")
     tokens["tokens"] = tokens["tokens"].map({"tokens": "all", "assistant_tokens": "assistant (trained on)"})

@@ -16,6 +16,7 @@ PER_PROMPT_COLUMNS = ["variant", "backend", "method", "prompt_id", "category", "
 METRICS_COLUMNS = ["variant", "split", "epoch", "step", "loss"]
 STATS_FIELDS = ["records_read", "records_kept", "records_skipped", "skipped_by_reason", "records_truncated",
                 "tokens", "assistant_tokens", "seq_length"]
+REGENERATE_FIELDS = ["records_read", "dropped_by_reason"]  # the `regenerate` section of a regenerated dataset's stats
 MANIFEST_FIELDS = ["shard", "num_samples", "num_tokens", "device"]
 TRAINING_DATA_FIELDS = ["data_fraction", "train_samples", "train_tokens", "val_samples"]
 
@@ -137,13 +138,26 @@ def load_drafts(paths) -> pd.DataFrame:
 
 
 def load_stats(paths) -> pd.DataFrame:
+    """One row per dataset (prepared stats.json). For a regenerated dataset (a `regenerate` section, copied from
+    regenerate's stats) `records_read` is the records read from the raw data, and the prompts regenerate dropped
+    before answering are `dropped_by_regenerate` (by reason in `dropped_by_regenerate_by_reason`), so that
+    records read = dropped by regenerate + records skipped (by prepare) + records kept."""
     rows = []
     for path in paths:
         stats = _read_json(path, "dataset stats")
         _require(stats, STATS_FIELDS, str(path))
-        rows.append({"dataset": stats.get("dataset") or Path(path).parent.name,
-                     **{k: stats[k] for k in STATS_FIELDS}})
-    return pd.DataFrame(rows)
+        row = {"dataset": stats.get("dataset") or Path(path).parent.name, **{k: stats[k] for k in STATS_FIELDS}}
+        regenerated = stats.get("regenerate")
+        if regenerated is not None:
+            _require(regenerated, REGENERATE_FIELDS, f"{path}: regenerate")
+            row["records_read"] = regenerated["records_read"]
+        dropped = (regenerated or {}).get("dropped_by_reason", {})
+        row["dropped_by_regenerate"] = sum(dropped.values())
+        row["dropped_by_regenerate_by_reason"] = dropped
+        rows.append(row)
+    columns = ["dataset", "records_read", "dropped_by_regenerate", "dropped_by_regenerate_by_reason",
+               *[k for k in STATS_FIELDS if k != "records_read"]]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def load_manifests(paths) -> tuple[pd.DataFrame, list[dict]]:

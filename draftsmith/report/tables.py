@@ -99,9 +99,11 @@ def training_table(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def stats_table(stats: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset: records read (from the raw data, for a regenerated dataset too), dropped by regenerate and
+    skipped by prepare (each by reason), kept, and tokens."""
     df = stats.copy()
-    df["skipped_by_reason"] = df["skipped_by_reason"].map(
-        lambda d: ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) or "none")
+    for column in ("dropped_by_regenerate_by_reason", "skipped_by_reason"):
+        df[column] = df[column].map(lambda d: ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) or "none")
     return df.rename(columns=lambda c: c.replace("_", " "))
 
 
@@ -224,9 +226,11 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
     lines += category_findings(by_category) + data_size_findings(data_size)
     if len(stats):
         skipped = int(stats["records_skipped"].sum())
+        dropped = int(stats["dropped_by_regenerate"].sum())
+        before = f"{fmt(dropped)} prompts dropped before the target answered, " if dropped else ""
         lines.append(
             f"Training data: {fmt(int(stats['records_kept'].sum()))} conversations kept of "
-            f"{fmt(int(stats['records_read'].sum()))} read ({fmt(skipped)} skipped) from "
+            f"{fmt(int(stats['records_read'].sum()))} read ({before}{fmt(skipped)} skipped) from "
             f"{', '.join(f'`{d}`' for d in stats['dataset'])}: {fmt(int(stats['tokens'].sum()))} tokens, "
             f"{fmt(int(stats['assistant_tokens'].sum()))} of them assistant tokens the draft learns from.")
     for r in training_table(metrics).to_dict("records"):
