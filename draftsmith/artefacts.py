@@ -52,7 +52,7 @@ def expected_outputs(config: dict) -> dict[str, list[Path]]:
         out[BUILT_TARGETS[config["target"]["model"]]] = [r / "target"]
     regenerated = [d for d in datasets if config["datasets"][d]["regenerate"]]
     if regenerated:
-        out["regenerate"] = [r / "data" / "regenerated" / f"{d}.jsonl" for d in regenerated]
+        out["regenerate"] = [r / "data" / "regenerated" / f"{d}{ext}" for d in regenerated for ext in (".jsonl", ".stats.json")]
     out["prepare_dataset"] = [r / "prepared" / d / name for d in datasets for name in ("samples.parquet", "stats.json")]
     out["token_freq"] = [r / "vocab" / d / "token_freq.pt" for d in datasets]
     out["vocab_map"] = [r / "vocab" / name for name in ("token_freq.pt", "d2t.npy", "t2d.npy")]

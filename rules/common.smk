@@ -17,6 +17,7 @@ from draftsmith.data.mtbench import (
     mt_bench_questions_file,
 )
 from draftsmith.data.prompt_sets import PROMPT_SETS, prompt_set_file
+from draftsmith.data.regenerate import regenerate_stats_path
 from draftsmith.provenance import target_content
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
@@ -216,7 +217,11 @@ def local_input(spec):
 
 
 def dataset_input(wildcards):
-    return local_input(dataset_spec(wildcards.dataset))
+    """The file prepare_dataset reads; for a regenerated dataset also regenerate's stats beside it."""
+    files = local_input(dataset_spec(wildcards.dataset))
+    if wildcards.dataset in REGENERATED:
+        files.append(str(regenerate_stats_path(regenerated_path(wildcards.dataset))))
+    return files
 
 
 def regenerate_input(wildcards):

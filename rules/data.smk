@@ -92,7 +92,9 @@ rule regenerate:
         data=regenerate_input,
         target=target_input(),
     output:
-        R / "data" / "regenerated" / "{dataset}.jsonl",
+        jsonl=R / "data" / "regenerated" / "{dataset}.jsonl",
+        # prompts read, dropped by reason, duplicates (prepare_dataset carries them into its stats.json)
+        stats=R / "data" / "regenerated" / "{dataset}.stats.json",
     log:
         "logs/regenerate/{dataset}.log",
     benchmark:
