@@ -38,7 +38,7 @@ pipeline)
     --resources gpu=1 ${UNTIL:+--until $UNTIL} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs results-gpu
-  tar czf "$OUT/results-gpu.tgz" logs benchmarks results-gpu/report results-gpu/benchmark \
+  tar czf "$OUT/results-gpu.tgz" results-gpu/logs results-gpu/benchmarks results-gpu/report results-gpu/benchmark \
     results-gpu/draft/default/metrics.csv results-gpu/draft/default/config.json results-gpu/prepared \
     results-gpu/target/draftsmith_target.json $(ls results-gpu/shards/*/*/manifest.json 2>/dev/null) || true
   exit "${status:-0}"
@@ -62,7 +62,7 @@ smollm2)
     "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs results-smollm2
-  tar czf "$OUT/results-smollm2.tgz" logs benchmarks results-smollm2/report results-smollm2/benchmark \
+  tar czf "$OUT/results-smollm2.tgz" results-smollm2/logs results-smollm2/benchmarks results-smollm2/report results-smollm2/benchmark \
     results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \
     results-smollm2/draft/default/training_data.json results-smollm2/prepared/*/stats.json \
     results-smollm2/target/draftsmith_provenance.json $(ls results-smollm2/shards/*/*/manifest.json 2>/dev/null) || true

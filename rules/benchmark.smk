@@ -6,7 +6,9 @@ rule benchmark_prompts:
     output:
         R / "benchmark" / "prompts.jsonl",
     log:
-        "logs/benchmark_prompts.log",
+        R / "logs" / "benchmark_prompts.log",
+    benchmark:
+        R / "benchmarks" / "benchmark_prompts.tsv"
     conda:
         "../envs/core.yaml"
     resources:
@@ -30,9 +32,9 @@ rule benchmark:
         per_prompt=R / "benchmark" / "{variant}" / "per_prompt.csv",
         summary=R / "benchmark" / "{variant}" / "summary.json",
     log:
-        "logs/benchmark/{variant}.log",
+        R / "logs" / "benchmark" / "{variant}.log",
     benchmark:
-        "benchmarks/benchmark/{variant}.tsv"
+        R / "benchmarks" / "benchmark" / "{variant}.tsv"
     conda:
         "../envs/vllm.yaml"
         if config["benchmark"]["backend"] == "vllm"
@@ -64,9 +66,9 @@ rule benchmark_offline_reference:
         per_prompt=R / "benchmark" / "{variant}" / "offline" / "per_prompt.csv",
         summary=R / "benchmark" / "{variant}" / "offline" / "summary.json",
     log:
-        "logs/benchmark/{variant}.offline_reference.log",
+        R / "logs" / "benchmark" / "{variant}.offline_reference.log",
     benchmark:
-        "benchmarks/benchmark/{variant}.offline_reference.tsv"
+        R / "benchmarks" / "benchmark" / "{variant}.offline_reference.tsv"
     conda:
         "../envs/core.yaml"
     threads: workflow.cores

@@ -3,9 +3,9 @@ rule make_synthetic_corpus:
         train=R / "data" / "synthetic" / "train.jsonl",
         heldout=R / "data" / "synthetic" / "heldout.jsonl",
     log:
-        "logs/make_synthetic_corpus.log",
+        R / "logs" / "make_synthetic_corpus.log",
     benchmark:
-        "benchmarks/make_synthetic_corpus.tsv"
+        R / "benchmarks" / "make_synthetic_corpus.tsv"
     conda:
         "../envs/core.yaml"
     resources:
@@ -26,9 +26,9 @@ if TARGET_RULE == "import_target":
         output:
             directory(R / "target"),
         log:
-            "logs/import_target.log",
+            R / "logs" / "import_target.log",
         benchmark:
-            "benchmarks/import_target.tsv"
+            R / "benchmarks" / "import_target.tsv"
         conda:
             "../envs/core.yaml"
         threads: workflow.cores
@@ -48,9 +48,9 @@ elif TARGET_RULE == "build_target":
         output:
             directory(R / "target"),
         log:
-            "logs/build_target.log",
+            R / "logs" / "build_target.log",
         benchmark:
-            "benchmarks/build_target.tsv"
+            R / "benchmarks" / "build_target.tsv"
         conda:
             "../envs/core.yaml"
         threads: workflow.cores
@@ -71,9 +71,9 @@ rule prepare_dataset:
         samples=R / "prepared" / "{dataset}" / "samples.parquet",
         stats=R / "prepared" / "{dataset}" / "stats.json",
     log:
-        "logs/prepare_dataset/{dataset}.log",
+        R / "logs" / "prepare_dataset" / "{dataset}.log",
     benchmark:
-        "benchmarks/prepare_dataset/{dataset}.tsv"
+        R / "benchmarks" / "prepare_dataset" / "{dataset}.tsv"
     conda:
         "../envs/core.yaml"
     resources:
@@ -96,9 +96,9 @@ rule regenerate:
         # prompts read, dropped by reason, duplicates (prepare_dataset carries them into its stats.json)
         stats=R / "data" / "regenerated" / "{dataset}.stats.json",
     log:
-        "logs/regenerate/{dataset}.log",
+        R / "logs" / "regenerate" / "{dataset}.log",
     benchmark:
-        "benchmarks/regenerate/{dataset}.tsv"
+        R / "benchmarks" / "regenerate" / "{dataset}.tsv"
     conda:
         "../envs/core.yaml"
     # on a CPU the datasets generate side by side, one core each (two 1-thread jobs beat one 2-thread job)

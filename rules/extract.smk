@@ -6,9 +6,9 @@ rule extract_hidden_states:
     output:
         manifest=R / "shards" / "{dataset}" / "shard_{shard}" / "manifest.json",
     log:
-        "logs/extract_hidden_states/{dataset}/shard_{shard}.log",
+        R / "logs" / "extract_hidden_states" / "{dataset}" / "shard_{shard}.log",
     benchmark:
-        "benchmarks/extract_hidden_states/{dataset}/shard_{shard}.tsv"
+        R / "benchmarks" / "extract_hidden_states" / "{dataset}" / "shard_{shard}.tsv"
     conda:
         "../envs/vllm.yaml"
         if config["extraction"]["backend"] == "vllm"

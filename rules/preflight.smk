@@ -8,7 +8,7 @@ rule preflight:
         stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
         target=target_input(),
     log:
-        "logs/preflight.log",
+        R / "logs" / "preflight.log",
     conda:
         "../envs/vllm.yaml"
         if config["extraction"]["backend"] == "vllm"

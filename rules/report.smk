@@ -34,9 +34,9 @@ rule report:
             category="Figures",
         ),
     log:
-        "logs/report.log",
+        R / "logs" / "report.log",
     benchmark:
-        "benchmarks/report.tsv"
+        R / "benchmarks" / "report.tsv"
     conda:
         "../envs/core.yaml"
     resources:

@@ -10,9 +10,9 @@ rule train_draft:
         metrics=R / "draft" / "{variant}" / "metrics.csv",
         data=R / "draft" / "{variant}" / "training_data.json",
     log:
-        "logs/train_draft/{variant}.log",
+        R / "logs" / "train_draft" / "{variant}.log",
     benchmark:
-        "benchmarks/train_draft/{variant}.tsv"
+        R / "benchmarks" / "train_draft" / "{variant}.tsv"
     conda:
         "../envs/core.yaml"
     threads: workflow.cores

@@ -4,7 +4,7 @@
 # asked; its verdict goes to the console and to the log.
 rule validate:
     log:
-        "logs/validate.log",
+        R / "logs" / "validate.log",
     conda:
         "../envs/core.yaml"
     resources:

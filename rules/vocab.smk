@@ -4,9 +4,9 @@ rule token_freq:
     output:
         R / "vocab" / "{dataset}" / "token_freq.pt",
     log:
-        "logs/token_freq/{dataset}.log",
+        R / "logs" / "token_freq" / "{dataset}.log",
     benchmark:
-        "benchmarks/token_freq/{dataset}.tsv"
+        R / "benchmarks" / "token_freq" / "{dataset}.tsv"
     conda:
         "../envs/core.yaml"
     resources:
@@ -25,9 +25,9 @@ rule vocab_map:
         d2t=R / "vocab" / "d2t.npy",
         t2d=R / "vocab" / "t2d.npy",
     log:
-        "logs/vocab_map.log",
+        R / "logs" / "vocab_map.log",
     benchmark:
-        "benchmarks/vocab_map.tsv"
+        R / "benchmarks" / "vocab_map.tsv"
     conda:
         "../envs/core.yaml"
     resources:

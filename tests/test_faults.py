@@ -77,7 +77,7 @@ def test_disk_full_keeps_completed_samples_and_logs_the_error(pipeline_run, tmp_
     try:
         proc = snakemake(workdir, manifest_target(workdir), check=False)
         assert proc.returncode != 0
-        log = (workdir / "logs" / "extract_hidden_states" / "synthetic" / "shard_0.log").read_text()
+        log = (workdir / "results" / "logs" / "extract_hidden_states" / "synthetic" / "shard_0.log").read_text()
         assert "No space left on device" in log
         done = journal_entries(shard)
         assert done, "samples written before the disk filled are kept"
@@ -107,12 +107,12 @@ def test_corrupt_shard_is_refused_by_validate_and_training(pipeline_run, tmp_pat
 
     proc = snakemake(workdir, "validate", check=False)
     assert proc.returncode != 0
-    log = (workdir / "logs" / "validate.log").read_text()
+    log = (workdir / "results" / "logs" / "validate.log").read_text()
     assert victim.name in log and "checksum" in log
 
     proc = snakemake(workdir, str(workdir / "results" / "draft" / "default" / "config.json"), check=False)
     assert proc.returncode != 0
-    log = (workdir / "logs" / "train_draft" / "default.log").read_text()
+    log = (workdir / "results" / "logs" / "train_draft" / "default.log").read_text()
     assert victim.name in log and "checksum" in log
     assert not (workdir / "results" / "draft" / "default" / "config.json").exists()
 
@@ -135,7 +135,7 @@ def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipelin
 
     missing = f"{workdir / SHARD}: missing: the config implies this shard (rule extract_hidden_states)"
     proc = snakemake(workdir, "validate", check=False)
-    assert proc.returncode != 0 and missing in (workdir / "logs" / "validate.log").read_text()
+    assert proc.returncode != 0 and missing in (workdir / "results" / "logs" / "validate.log").read_text()
     assert main(["validate", "--config", str(workdir / "config.yaml")]) == 1
     assert missing in capsys.readouterr().out
 
@@ -167,7 +167,7 @@ def test_malformed_dataset_fails_with_file_record_and_field(pipeline_run, tmp_pa
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake(workdir, str(workdir / "results" / "prepared" / "broken" / "samples.parquet"), check=False)
     assert proc.returncode != 0
-    log = (workdir / "logs" / "prepare_dataset" / "broken.log").read_text()
+    log = (workdir / "results" / "logs" / "prepare_dataset" / "broken.log").read_text()
     assert "dataset 'broken' has no usable records" in log
     assert f"{bad}: line 2: invalid JSON" in log
     assert f"{bad}: line 4 (id r4): messages[0].content is int" in log

@@ -135,7 +135,7 @@ def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
         assert draft["transformer_layer_config"]["num_hidden_layers"] == layers
         assert json.loads((r / "benchmark" / variant / "summary.json").read_text())["variant"] == variant
     assert sum(json.loads(m.read_text())["num_samples"] for m in manifests) == 160 + 60
-    log = (workdir / "logs" / "train_draft" / "default.log").read_text()
+    log = (workdir / "results" / "logs" / "train_draft" / "default.log").read_text()
     match = re.search(r"training on (\d+) samples \(\d+ tokens; data_fraction 1.0\) from 4 shards; (\d+) samples held out", log)
     assert match and int(match.group(1)) + int(match.group(2)) == 160 + 60
     report = (r / "report" / "report.md").read_text()

@@ -45,11 +45,11 @@ def test_snakemake_validate_and_preflight_run_every_time_and_print_their_verdict
     for _ in range(2):
         proc = snakemake(run, "validate")
         assert "Nothing to be done" not in console(proc)
-        assert "failed (log: logs/validate.log)" in proc.stdout and "validate: " in proc.stdout
+        assert f"failed (log: {run / 'results' / 'logs' / 'validate.log'})" in proc.stdout and "validate: " in proc.stdout
         assert ", 0 failed" in proc.stdout
         proc = snakemake(run, "preflight")
         assert "Nothing to be done" not in console(proc)
-        assert "preflight: ok (log: logs/preflight.log)" in proc.stdout and "[  ok] layer ids" in proc.stdout
+        assert f"preflight: ok (log: {run / 'results' / 'logs' / 'preflight.log'})" in proc.stdout and "[  ok] layer ids" in proc.stdout
 
 
 def test_validate_requires_the_vocab_map_and_names_what_is_missing(run, tmp_path):
