@@ -40,6 +40,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from draftsmith.devices import gpu_name
 from draftsmith.provenance import device_description
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
+from draftsmith.target_model.remote_code import remote_code_checked
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.vllm_stack import compat
 
@@ -218,9 +219,10 @@ class FixedVllmHiddenStatesGenerator(VllmHiddenStatesGenerator):
         self.model_path = model_path
         self.tensor_parallel_size = tensor_parallel_size
         self._request_counter = 0
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, **compat.tokenizer_kwargs(trust_remote_code, revision))
-        config = text_config(AutoConfig.from_pretrained(model_path, revision=revision,
-                                                        trust_remote_code=compat.model_trust_remote_code(trust_remote_code)))
+        with remote_code_checked(model_path, trust_remote_code):
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path, **compat.tokenizer_kwargs(trust_remote_code, revision))
+            config = text_config(AutoConfig.from_pretrained(
+                model_path, revision=revision, trust_remote_code=compat.model_trust_remote_code(trust_remote_code)))
         self.hidden_size = config.hidden_size
         self.layer_ids = resolve_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
         self.vllm_config = build_vllm_config(model_path, max_model_len, gpu_memory_utilization, tensor_parallel_size,

@@ -1,6 +1,8 @@
 """One description of the target model, built once by the workflow and handed to every stage that loads it.
 
-`trust_remote_code` runs Python code from the model repository: it is off unless the config opts in.
+`trust_remote_code` runs Python code from the model repository: it is off unless the config opts in. Each loader
+checks first (draftsmith.target_model.remote_code): a target that needs its own code while it is off stops with an
+error naming `target.trust_remote_code`, not transformers' own.
 `dtype` is the target's default dtype; a stage's own dtype setting (extraction.dtype, benchmark.dtype)
 overrides it where that is not "auto".
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from draftsmith.target_model.layers import text_config
+from draftsmith.target_model.remote_code import remote_code_checked
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,9 @@ class TargetSpec:
     def load_tokenizer(self):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(self.model, trust_remote_code=self.trust_remote_code,
-                                                  revision=self.revision)
+        with remote_code_checked(self.model, self.trust_remote_code):
+            tokenizer = AutoTokenizer.from_pretrained(self.model, trust_remote_code=self.trust_remote_code,
+                                                      revision=self.revision)
         if tokenizer.chat_template is None:
             raise ValueError(f"the tokenizer of {self.model} has no chat template; draftsmith needs one to render conversations")
         return tokenizer
@@ -43,15 +47,17 @@ class TargetSpec:
     def load_text_config(self):
         from transformers import AutoConfig
 
-        return text_config(AutoConfig.from_pretrained(self.model, trust_remote_code=self.trust_remote_code,
-                                                      revision=self.revision))
+        with remote_code_checked(self.model, self.trust_remote_code):
+            return text_config(AutoConfig.from_pretrained(self.model, trust_remote_code=self.trust_remote_code,
+                                                          revision=self.revision))
 
     def load_causal_lm(self, dtype):
         """The target as a transformers causal LM (SDPA attention), on the CPU in `dtype` (a torch.dtype)."""
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype, trust_remote_code=self.trust_remote_code,
-                                                    revision=self.revision, attn_implementation="sdpa")
+        with remote_code_checked(self.model, self.trust_remote_code):
+            return AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                                                        revision=self.revision, attn_implementation="sdpa")
 
     def fingerprint(self) -> dict:
         from draftsmith.provenance import model_fingerprint

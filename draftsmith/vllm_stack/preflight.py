@@ -119,9 +119,9 @@ def check_target(report: Verdict, config: dict, target: str, backends: set[str])
     arch = (raw.get("architectures") or ["?"])[0]
     needs_code = "auto_map" in raw
     if needs_code and not tcfg["trust_remote_code"]:
-        report.add("target trust_remote_code", "fail",
-                   f"{target}'s config.json has auto_map (code shipped with the model); set target.trust_remote_code: true "
-                   "if you trust that repository")
+        from draftsmith.target_model.remote_code import remote_code_message
+
+        report.add("target trust_remote_code", "fail", remote_code_message(target))
     if "vllm" in backends:
         known = set(source.registry_archs("_TEXT_GENERATION_MODELS")) | set(source.registry_archs("_MULTIMODAL_MODELS"))
         if not known:
