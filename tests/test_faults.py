@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, copy_inputs, snakemake
+from conftest import REPO, SNAKEMAKE, copy_inputs, snakemake, write_config
 
 from draftsmith.io import sha256_file
 
@@ -175,3 +175,34 @@ def test_malformed_dataset_fails_with_file_record_and_field(pipeline_run, tmp_pa
     assert ("skipped by reason: {'invalid_json': 1, 'no_assistant_turn': 1, 'non_string_content': 1, "
             "'starts_with_assistant': 1}") in log
     assert not (workdir / "results" / "prepared" / "broken" / "samples.parquet").exists()
+    # the counts the troubleshooting table points to outlive the failed job (its stats.json was deleted with it)
+    assert not (workdir / "results" / "prepared" / "broken" / "stats.json").exists()
+    kept = json.loads((workdir / "results" / "logs" / "prepare_dataset" / "broken.stats.json").read_text())
+    assert kept["records_read"] == 4 and kept["records_kept"] == 0 and sum(kept["skipped_by_reason"].values()) == 4
+
+
+def test_skipped_records_reach_the_console_and_their_counts_outlive_a_failed_job(tiny_target, tmp_path):
+    """A dataset with 40 of 200 records skipped exited 0 with nothing on the console: now one console line with the
+    counts by reason, and a warning since more than 10% were skipped. A dataset with none usable fails; Snakemake
+    deletes its stats.json, and the copy beside the rule's log keeps the counts."""
+    reply = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    question = [{"role": "user", "content": "hi"}]
+    (tmp_path / "mixed.jsonl").write_text("".join(
+        json.dumps({"id": f"r{i}", "messages": question if i % 5 == 4 else reply}) + "\n" for i in range(200)))
+    (tmp_path / "broken.jsonl").write_text("".join(json.dumps({"messages": question}) + "\n" for _ in range(3)))
+    write_config(tmp_path, {"target": {"model": str(tiny_target), "revision": None, "trust_remote_code": False},
+                            "datasets": {d: {"source": "local", "path": str(tmp_path / f"{d}.jsonl")}
+                                         for d in ("mixed", "broken")}})
+    r = tmp_path / "results"
+    proc = snakemake(tmp_path, "--keep-going", *(str(r / "prepared" / d / "stats.json") for d in ("mixed", "broken")),
+                     check=False)
+    assert proc.returncode != 0
+    kept_stats = r / "logs" / "prepare_dataset" / "mixed.stats.json"
+    assert (f"prepare_dataset mixed: 40 of 200 records skipped (no_assistant_turn: 40), 160 kept; counts in "
+            f"{kept_stats}; each skipped record is named in the rule's log") in proc.stdout
+    assert "WARNING: dataset 'mixed': 20% of its records were skipped (more than 10%)" in proc.stdout
+    assert json.loads((r / "prepared" / "mixed" / "stats.json").read_text())["records_kept"] == 160
+    assert not (r / "prepared" / "broken" / "stats.json").exists()
+    broken = json.loads((r / "logs" / "prepare_dataset" / "broken.stats.json").read_text())
+    assert broken["skipped_by_reason"] == {"no_assistant_turn": 3} and broken["records_kept"] == 0
+    assert "prepare_dataset broken: 3 of 3 records skipped (no_assistant_turn: 3), 0 kept" in proc.stdout

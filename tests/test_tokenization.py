@@ -122,6 +122,53 @@ def test_dataset_without_usable_records_still_writes_its_stats(tokenizer, tmp_pa
     assert not list(tmp_path.glob(".stats.json*"))  # written atomically: no temporary left behind
 
 
+
+def records_with_skips(path, kept: int, skipped: int):
+    """`kept` usable records, then `skipped` without an assistant turn."""
+    reply = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    rows = [{"id": f"ok{i}", "messages": reply} for i in range(kept)]
+    rows += [{"id": f"q{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(skipped)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"source": "local", "path": str(path)}
+
+
+@pytest.mark.parametrize(("kept", "skipped", "warned"), [(160, 40, True), (190, 10, False), (200, 0, None)])
+def test_skipped_records_print_one_console_line_and_a_warning_above_ten_percent(tokenizer, tmp_path, kept, skipped,
+                                                                                warned):
+    """40 of 200 records skipped exited 0 with nothing on the console: now one line with the counts by reason, and a
+    warning line when more than 10% were skipped; nothing when none were. The counts also go to a copy of the stats
+    that is not a declared output."""
+    printed = []
+    spec = records_with_skips(tmp_path / "in.jsonl", kept, skipped)
+    copy = tmp_path / "logs" / "d.stats.json"
+    stats = prepare_dataset(spec, tokenizer, 64, tmp_path / "s.parquet", tmp_path / "stats.json", name="d",
+                            kept_stats_path=copy, console=printed.append)
+    assert json.loads(copy.read_text()) == stats
+    if warned is None:
+        assert printed == []
+        return
+    (lines,) = printed
+    assert lines[0] == (f"prepare_dataset d: {skipped} of 200 records skipped (no_assistant_turn: {skipped}), "
+                        f"{kept} kept; counts in {copy}; each skipped record is named in the rule's log")
+    if warned:
+        assert len(lines) == 2 and lines[1].startswith("WARNING: dataset 'd': 20% of its records were skipped "
+                                                       "(more than 10%)")
+    else:
+        assert len(lines) == 1
+
+
+def test_a_dataset_without_usable_records_keeps_its_counts_outside_the_declared_outputs(tokenizer, tmp_path):
+    printed = []
+    spec = records_with_skips(tmp_path / "in.jsonl", 0, 3)
+    copy = tmp_path / "logs" / "d.stats.json"
+    with pytest.raises(ValueError, match="has no usable records"):
+        prepare_dataset(spec, tokenizer, 64, tmp_path / "s.parquet", tmp_path / "stats.json", name="d",
+                        kept_stats_path=copy, console=printed.extend)
+    assert json.loads(copy.read_text())["skipped_by_reason"] == {"no_assistant_turn": 3}
+    assert printed[0].startswith("prepare_dataset d: 3 of 3 records skipped (no_assistant_turn: 3), 0 kept")
+    assert printed[1].startswith("WARNING: dataset 'd': 100% of its records were skipped")
+
+
 TOOL_RECORD = {
     "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather for a city",
                                                 "parameters": {"type": "object",

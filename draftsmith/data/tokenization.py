@@ -189,12 +189,40 @@ def _sample_id(name: str, record_id: str, occurrence: int, used: set[str]) -> st
     return sample_id
 
 
-def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stats_path: Path, name: str) -> dict:
+# More than this share of a dataset's records skipped: the console line says so (a format or template mismatch,
+# rather than a few bad records).
+SKIPPED_WARN_FRACTION = 0.10
+
+
+def skipped_summary(stats: dict, kept_stats: Path | None = None) -> list[str]:
+    """Console lines for a dataset with skipped records (none without): the counts by reason on one line, and a
+    warning line when more than SKIPPED_WARN_FRACTION of the records were skipped."""
+    skipped, read = stats["records_skipped"], stats["records_read"]
+    if not skipped:
+        return []
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats["skipped_by_reason"].items(),
+                                                                 key=lambda kv: (-kv[1], kv[0])))
+    where = f"; counts in {kept_stats}" if kept_stats else ""
+    lines = [f"prepare_dataset {stats['dataset']}: {skipped} of {read} records skipped ({reasons}), "
+             f"{stats['records_kept']} kept{where}; each skipped record is named in the rule's log"]
+    if skipped > SKIPPED_WARN_FRACTION * read:
+        lines.append(f"WARNING: dataset {stats['dataset']!r}: {100 * skipped / read:.0f}% of its records were skipped "
+                     f"(more than {100 * SKIPPED_WARN_FRACTION:.0f}%): check that the data is ShareGPT `conversations` "
+                     "or OpenAI `messages` records and that the target's chat template can render them")
+    return lines
+
+
+def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stats_path: Path, name: str,
+                    kept_stats_path: Path | None = None, console=None) -> dict:
     """Tokenize every usable record of `spec` into a Parquet file; write stats; return them.
 
     stats.json is written even when no record is usable (then this raises after writing it). When `spec` is a
     file that rule regenerate wrote (its stats beside it still match it), those stats are copied in under
-    `regenerate`: the raw records read and the prompts dropped before answering, by reason."""
+    `regenerate`: the raw records read and the prompts dropped before answering, by reason.
+
+    `kept_stats_path`: a copy of the stats that is not a declared output (rule prepare_dataset puts it beside its
+    log), so that it survives a failed job, whose outputs Snakemake deletes. `console(lines)`: where the summary of
+    skipped records goes besides the log (skipped_summary; rule prepare_dataset prints it on the console)."""
     skipped: Counter[str] = Counter()
     rows = {"sample_id": [], "input_ids": [], "loss_mask": []}
     read = truncated = tokens = assistant_tokens = duplicates = 0
@@ -256,6 +284,13 @@ def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stat
     if duplicates:
         log.warning("%s: %d records repeat an earlier record's id; their sample ids carry a '#N' suffix", name,
                     duplicates)
+    if kept_stats_path is not None:  # before anything can fail: this copy is what a failed job leaves
+        write_json(kept_stats_path, stats)
+    summary = skipped_summary(stats, kept_stats_path)
+    for line in summary:
+        log.warning("%s", line)
+    if summary and console is not None:
+        console(summary)
     if not rows["sample_id"]:
         # Written for the record, and logged too: Snakemake deletes a failed job's outputs, stats.json among them.
         write_json(stats_path, stats)
