@@ -1,5 +1,9 @@
 """The embedded default target: a tokenizer trained on the synthetic corpus and a small
-Llama-architecture model briefly pretrained on it, saved as a normal HF model directory."""
+Llama-architecture model briefly pretrained on it, saved as a normal HF model directory.
+
+It exists for fast tests and CPU smoke runs of the whole DAG. It knows only the synthetic corpus'
+language, whatever the config's datasets are: it cannot model a user's text, and a draft trained for it
+says nothing about a real model (corpus_mismatch_warning says so when no dataset is the synthetic one)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,18 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
+
+
+def corpus_mismatch_warning(datasets: dict) -> str | None:
+    """The warning for an embedded target whose config trains on no synthetic dataset (None when one is)."""
+    if any(spec.get("source") == "synthetic" for spec in datasets.values()):
+        return None
+    names = ", ".join(sorted(datasets)) or "none"
+    return ('target.model is "embedded": the tiny target is pretrained on the synthetic corpus only, and no dataset '
+            f"here has source: synthetic (datasets: {names}). Its tokenizer and weights know only the synthetic "
+            "corpus' language and cannot model your text, so a draft trained on it says nothing about a real model. "
+            "It is for fast tests and CPU smoke runs of the whole DAG; for a real draft, set target.model to your "
+            "model (a hub id or a local model directory)")
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
