@@ -77,6 +77,22 @@ def _missing(path: Path, rule: str) -> str:
             f"re-runs what depends on it (`snakemake --cores all {path}` rebuilds it alone)")
 
 
+def _resolved(path: str) -> str:
+    """A local path as the file it names (absolute, symlinks followed); a hub id as it is."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def _by_file(inputs: dict) -> dict:
+    """Recorded or current inputs with their paths (shard manifests, the target's) resolved: the results tree named
+    another way (relative or absolute, through a symlink) holds the same inputs."""
+    out = dict(inputs)
+    if isinstance(out.get("shards"), dict):
+        out["shards"] = {_resolved(k): v for k, v in out["shards"].items()}
+    if isinstance(out.get("target"), dict) and isinstance(out["target"].get("path"), str):
+        out["target"] = {**out["target"], "path": _resolved(out["target"]["path"])}
+    return out
+
+
 def _check_inputs(recorded: dict | None, current: dict, made_from: str) -> None:
     """A draft's or a benchmark's recorded inputs against the results tree and target as they are now."""
     from draftsmith.provenance import changed_keys
@@ -84,7 +100,7 @@ def _check_inputs(recorded: dict | None, current: dict, made_from: str) -> None:
     if recorded is None:
         raise ValueError(f"no record of the {made_from} it was made from (an older draftsmith wrote it); "
                          "`snakemake --cores all --forcerun <this rule>` rebuilds it")
-    current = json.loads(json.dumps(current, default=str))
+    recorded, current = _by_file(recorded), _by_file(json.loads(json.dumps(current, default=str)))
     if recorded != current:
         raise ValueError(f"made from other {made_from} than the current ones (changed: "
                          f"{', '.join(changed_keys(recorded, current))}); `snakemake --cores all` rebuilds it")

@@ -3,6 +3,7 @@ current target, shards, vocab map and prompts; `snakemake validate` and `snakema
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -84,3 +85,15 @@ def test_validate_finds_drafts_and_benchmarks_made_from_another_target(run, tmp_
     assert (f"FAIL {r / 'benchmark' / 'default' / 'summary.json'}: ValueError: made from other draft, prompts or target "
             "than the current ones (changed: target.weights_sha256.model.safetensors)") in out
     assert ", 0 failed" in snakemake(run, "validate").stdout
+
+
+def test_validate_accepts_the_results_tree_named_another_way(run, tmp_path, monkeypatch, capsys):
+    """`draftsmith validate results --config my.yaml` (README): the run recorded its shard and target paths as its config
+    spelled them (here absolute); a relative path or a symlink to the same tree is the same tree (it was "made from
+    other target, shards or vocab map (changed: shards.<path>, target.path)")."""
+    config = run / "config.yaml"
+    (tmp_path / "linked").symlink_to(run / "results")
+    monkeypatch.chdir(tmp_path)
+    for results in ("linked", os.path.relpath(run / "results", tmp_path)):
+        assert main(["validate", results, "--config", str(config)]) == 0, capsys.readouterr().out[-3000:]
+        assert capsys.readouterr().out.splitlines()[-1].endswith(" 0 failed")
