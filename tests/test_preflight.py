@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -218,8 +219,10 @@ def snakemake_preflight(tiny_target, tmp_path, **sections) -> subprocess.Complet
     cfg["datasets"] = {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl")}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "Snakefile").write_text(SNAKEFILE.format(config=tmp_path / "config.yaml", repo=REPO))
+    # this checkout's package, also where the installed one is another checkout's (the Snakefile here is not the repo's)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run([SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
-                           "preflight"], capture_output=True, text=True)
+                           "preflight"], capture_output=True, text=True, env=env)
 
 
 def test_snakemake_preflight_rule(tiny_target, tmp_path):
