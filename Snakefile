@@ -1,5 +1,8 @@
 # draftsmith: raw chat data -> hidden-state shards -> vocab map -> EAGLE-3 draft -> benchmark -> report.
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
+
+from draftsmith import results_lock
 
 min_version("9.0")
 
@@ -16,6 +19,25 @@ include: "rules/train.smk"
 include: "rules/benchmark.smk"
 include: "rules/report.smk"
 include: "rules/validate.smk"
+
+
+# One run at a time per results tree (draftsmith/results_lock.py): Snakemake's own lock is per working
+# directory. Held by the main process from its first job to its exit. Snakemake runs no hooks in a dry
+# run, under --lint or in the jobs it spawns (--no-hooks); is_main_process guards the last once more.
+onstart:
+    if workflow.is_main_process:
+        try:
+            results_lock.acquire(R)
+        except results_lock.ResultsLockedError as e:
+            raise WorkflowError(str(e)) from None
+
+
+onsuccess:
+    results_lock.release(R)
+
+
+onerror:
+    results_lock.release(R)
 
 
 rule all:
