@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftsmith.extraction.shards import shard_files, validate_shard
-from draftsmith.io import read_json, write_json
+from draftsmith.extraction.shards import read_manifest, shard_files, validate_shard
+from draftsmith.io import write_json
 from draftsmith.provenance import same_model
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.state import (
@@ -65,7 +65,7 @@ def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor
     fingerprint = target.fingerprint()
     facts = None
     for path in manifest_paths:
-        m = read_json(path)
+        m = read_manifest(path)
         mine = {"aux_layer_ids": m["aux_layer_ids"], "hidden_size": m["hidden_size"]}
         if not same_model(m["model"], fingerprint):
             raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target.model}")
@@ -98,7 +98,7 @@ def split_train_val(files: list[str], lengths: list[int], val_fraction: float, s
 def training_split(manifest_paths: list[str], cfg: dict):
     """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
     `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
-    manifests = [read_json(p) for p in manifest_paths]
+    manifests = [read_manifest(p) for p in manifest_paths]
     files = shard_files(manifest_paths)
     lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
     (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
