@@ -6,6 +6,7 @@ docs/RELIABILITY.md lists every fault tried here and what happens.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -242,3 +243,47 @@ def test_truncated_manifest_stops_the_run_before_any_job_and_forcerun_rebuilds_t
     noop = snakemake(workdir, "-n")
     assert "Nothing to be done" in noop.stdout + noop.stderr
 
+
+def test_disk_full_while_saving_a_checkpoint_names_the_path_and_keeps_the_last_checkpoint(training_inputs, tiny_target,
+                                                                                          tmp_path):
+    """The training state on a small tmpfs with room for half a checkpoint: torch.save's own error says only
+    "enforce fail at inline_container.cc"; the job's error must say "No space left on device" with the path."""
+    from draftsmith.target_model.spec import TargetSpec
+    from draftsmith.training.trainer import train_draft
+
+    state = tmp_path / "state"
+    state.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(state)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    out = tmp_path / "draft"
+
+    def train():
+        train_draft(training_inputs["manifests"], training_inputs["d2t"], training_inputs["t2d"], TargetSpec(str(tiny_target)),
+                    {**TRAINING, "epochs": 2}, str(state), "default", 0, str(out / "config.json"),
+                    str(out / "model.safetensors"), str(out / "metrics.csv"), str(out / "training_data.json"))
+
+    try:
+        train()
+        checkpoints = state / "checkpoints"
+        kept = {p.name: sha256_file(p) for p in (checkpoints / "0").iterdir()}
+        size = sum(p.stat().st_size for p in (checkpoints / "1").iterdir())
+        shutil.rmtree(checkpoints / "1")  # the state of a job killed during epoch 1
+        filler = state / "filler"
+        with open(filler, "wb") as f:  # leave room for half of epoch 1's checkpoint
+            f.write(bytes((shutil.disk_usage(state).free - size // 2) // 4096 * 4096))
+
+        with pytest.raises(OSError) as full:
+            train()
+        message = str(full.value)
+        assert full.value.errno == errno.ENOSPC and "No space left on device" in message, message
+        assert str(checkpoints / ".staging" / "1") in message and "bytes" in message
+        assert "inline_container.cc" in message  # torch.save's own error, kept beside the translation
+        assert {p.name: sha256_file(p) for p in (checkpoints / "0").iterdir()} == kept  # the last checkpoint intact
+        assert not (checkpoints / "1").exists() and not (checkpoints / ".staging" / "1").exists()  # no partial save
+
+        filler.unlink()  # room again: the re-run resumes from epoch 0 and finishes
+        train()
+        assert (checkpoints / "1" / "model.safetensors").exists() and (out / "model.safetensors").exists()
+    finally:
+        subprocess.run(["umount", str(state)], check=True)

@@ -7,7 +7,9 @@ draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
   means a CUDA device; draftsmith passes a `torch.device` instead.
 - Resume: the single-process checkpointer loads onto "cuda:0"; draftsmith's subclass loads
   onto the training device. Checkpoints are written to a staging directory and renamed, so a
-  job killed while saving leaves no half-written epoch to resume from. The state directory
+  job killed while saving leaves no half-written epoch to resume from; a save that fails for want
+  of disk space (torch.save says only "enforce fail at inline_container.cc") is reported as
+  "No space left on device", naming the path and the bytes needed. The state directory
   (`draftsmith.training.state`) records a fingerprint of the training inputs; a run resumes
   only when they are unchanged.
 - Metrics: the Trainer logs to the `speculators.metrics` logger; a handler writes them to a
@@ -22,6 +24,7 @@ the final norm (speculators 0.3.0's own generator stored it before the norm).
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -168,6 +172,59 @@ class MetricsCSV(logging.Handler):
             csv.writer(f).writerow([row.get(c, "") for c in self.columns])
 
 
+def checkpoint_bytes(model, optimizer) -> int:
+    """About what one checkpoint takes: the model's and the optimizer's floating-point state in bfloat16
+    (speculators' checkpointer converts both), other tensors as they are."""
+    tensors = [*model.state_dict().values()]
+    for state in optimizer.state_dict().get("state", {}).values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in tensors)
+
+
+def _chain(error: BaseException):
+    """`error` and the exceptions it was raised from or while handling."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            todo += [e.__cause__, e.__context__]
+
+
+def _names_enospc(error: BaseException) -> bool:
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               or "os error 28" in str(e) for e in _chain(error))
+
+
+@contextmanager
+def checkpoint_disk_errors(target: Path, needed_bytes, epoch: int):
+    """Around the save of one checkpoint into `target` (a staging directory): a failure removes the partial
+    save and, when it was for want of space (ENOSPC anywhere in the error's chain, or less room left on the
+    filesystem than the checkpoint needs), re-raises it as OSError(ENOSPC) naming the path and the bytes
+    needed. torch.save's own error on a full disk says only "enforce fail at inline_container.cc"."""
+    try:
+        yield
+    except Exception as e:
+        # the finished frames of the failed save hold its open files (torch.save's writer): let them go, so that the
+        # partial save's space comes back and the free space below is what the next attempt will find
+        for error in _chain(e):
+            traceback.clear_frames(error.__traceback__)
+        shutil.rmtree(target, ignore_errors=True)  # nothing half-written left
+        existing = next((p for p in (target, *target.parents) if p.exists()), Path("/"))
+        free = shutil.disk_usage(existing).free
+        try:
+            needed = int(needed_bytes())
+        except Exception:  # noqa: BLE001 - the estimate must not hide the original error
+            needed = 0
+        if _names_enospc(e) or free < needed:
+            raise OSError(errno.ENOSPC, f"No space left on device: saving the checkpoint of epoch {epoch} into {target} "
+                          f"needs about {needed} bytes, {free} are free there ({type(e).__name__}: {e}). Earlier "
+                          "checkpoints are intact: free space and re-run, and training resumes from the last one",
+                          str(target)) from e
+        raise
+
+
 def make_trainer_class():
     from speculators.train.checkpointer import SingleGPUCheckpointer, convert_float_dtype, load_safetensors_state_dict
     from speculators.train.trainer import Trainer
@@ -199,7 +256,8 @@ def make_trainer_class():
             staging = final_root / ".staging"
             self.checkpointer.path = staging
             try:
-                super().save_checkpoint(epoch)
+                with checkpoint_disk_errors(staging / str(epoch), lambda: checkpoint_bytes(self.model, self.opt), epoch):
+                    super().save_checkpoint(epoch)
             finally:
                 self.checkpointer.path = final_root
             if not self.is_distributed or torch.distributed.get_rank() == 0:
