@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pandas as pd
 
-from draftsmith.io import read_json, sha256_file
+from draftsmith.extraction.shards import manifest_rebuild_hint
+from draftsmith.io import InvalidJSONFileError, read_json, sha256_file
 
 SUMMARY_FIELDS = ["prompts", "acceptance_length", "per_position_acceptance", "tokens_per_s", "speedup"]
 PER_PROMPT_COLUMNS = ["variant", "backend", "method", "prompt_id", "category", "new_tokens", "target_forwards",
@@ -34,8 +34,10 @@ def _require(record: dict, fields, where: str) -> None:
 
 def _read_json(path, where_kind: str) -> dict:
     try:
-        return read_json(path)
-    except (OSError, json.JSONDecodeError) as e:
+        return read_json(path, rebuild=manifest_rebuild_hint(path) if where_kind == "shard manifest" else None)
+    except InvalidJSONFileError as e:
+        raise ReportInputError(f"cannot read {where_kind}: {e}") from e
+    except OSError as e:
         raise ReportInputError(f"{path}: cannot read {where_kind}: {e}") from e
 
 

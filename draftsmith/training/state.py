@@ -15,6 +15,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from draftsmith.extraction.shards import read_manifest
 from draftsmith.io import atomic_path, read_json, sha256_bytes, sha256_file, write_json
 from draftsmith.provenance import changed_keys, package_versions
 from draftsmith.target_model.spec import TargetSpec
@@ -86,7 +87,7 @@ def training_fingerprint(manifests: list[str], d2t: str, t2d: str, target: Targe
     """
     shards = []
     for path in manifests:
-        m = read_json(path)
+        m = read_manifest(path)
         shards.append({"aux_layer_ids": m["aux_layer_ids"],
                        "samples_list_sha256": sha256_bytes(json.dumps(m["samples"], sort_keys=True).encode())})
     fingerprint = {
@@ -110,7 +111,7 @@ def prepare_state(state_dir: Path, fingerprint: dict, resume: bool, device_type:
     killed in between never leaves new inputs paired with old checkpoints.
     """
     path = state_dir / FINGERPRINT
-    old = read_json(path) if path.exists() else None
+    old = read_json(path, rebuild=f"delete {state_dir} to train afresh") if path.exists() else None
     if resume and old == fingerprint:
         reason = inexact_resume_reason(state_dir / CHECKPOINTS, device_type)
         if reason is None:

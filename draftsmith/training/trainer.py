@@ -7,7 +7,9 @@ draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
   means a CUDA device; draftsmith passes a `torch.device` instead.
 - Resume: the single-process checkpointer loads onto "cuda:0"; draftsmith's subclass loads
   onto the training device. Checkpoints are written to a staging directory and renamed, so a
-  job killed while saving leaves no half-written epoch to resume from. The state directory
+  job killed while saving leaves no half-written epoch to resume from; a save that fails for want
+  of disk space (torch.save says only "enforce fail at inline_container.cc") is reported as
+  "No space left on device", naming the path and the bytes needed. The state directory
   (`draftsmith.training.state`) records a fingerprint of the training inputs; a run resumes
   only when they are unchanged.
 - Exact resume: speculators 0.3.0 saves weights and Adam state (its step counter included) in
@@ -33,6 +35,7 @@ the final norm (speculators 0.3.0's own generator stored it before the norm).
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import json
 import logging
@@ -42,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,8 +53,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from draftsmith.extraction.shards import shard_files, validate_shard
-from draftsmith.io import read_json, write_json
+from draftsmith.extraction.shards import read_manifest, shard_files, validate_shard
+from draftsmith.io import write_json
 from draftsmith.provenance import same_model
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.state import (
@@ -84,7 +88,7 @@ def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor
     fingerprint = target.fingerprint()
     facts = None
     for path in manifest_paths:
-        m = read_json(path)
+        m = read_manifest(path)
         mine = {"aux_layer_ids": m["aux_layer_ids"], "hidden_size": m["hidden_size"]}
         if not same_model(m["model"], fingerprint):
             raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target.model}")
@@ -117,7 +121,7 @@ def split_train_val(files: list[str], lengths: list[int], val_fraction: float, s
 def training_split(manifest_paths: list[str], cfg: dict):
     """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
     `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
-    manifests = [read_json(p) for p in manifest_paths]
+    manifests = [read_manifest(p) for p in manifest_paths]
     files = shard_files(manifest_paths)
     lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
     (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
@@ -299,6 +303,60 @@ def load_full_weights(model, path: Path, device: str) -> dict:
     return state
 
 
+def checkpoint_bytes(model, optimizer) -> int:
+    """About what one checkpoint takes (write_checkpoint_files): the served weights in bfloat16, the weights and the
+    optimizer state in their own dtypes."""
+    weights = list(model.state_dict().values())
+    optimizer_tensors = [v for state in optimizer.state_dict().get("state", {}).values() for v in state.values()
+                         if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * 2 for t in weights if t.is_floating_point()) + sum(
+        t.numel() * t.element_size() for t in weights + optimizer_tensors)
+
+
+def _chain(error: BaseException):
+    """`error` and the exceptions it was raised from or while handling."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            todo += [e.__cause__, e.__context__]
+
+
+def _names_enospc(error: BaseException) -> bool:
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               or "os error 28" in str(e) for e in _chain(error))
+
+
+@contextmanager
+def checkpoint_disk_errors(target: Path, needed_bytes, epoch: int):
+    """Around the save of one checkpoint into `target` (a staging directory): a failure removes the partial
+    save and, when it was for want of space (ENOSPC anywhere in the error's chain, or less room left on the
+    filesystem than the checkpoint needs), re-raises it as OSError(ENOSPC) naming the path and the bytes
+    needed. torch.save's own error on a full disk says only "enforce fail at inline_container.cc"."""
+    try:
+        yield
+    except Exception as e:
+        # the finished frames of the failed save hold its open files (torch.save's writer): let them go, so that the
+        # partial save's space comes back and the free space below is what the next attempt will find
+        for error in _chain(e):
+            traceback.clear_frames(error.__traceback__)
+        shutil.rmtree(target, ignore_errors=True)  # nothing half-written left
+        existing = next((p for p in (target, *target.parents) if p.exists()), Path("/"))
+        free = shutil.disk_usage(existing).free
+        try:
+            needed = int(needed_bytes())
+        except Exception:  # noqa: BLE001 - the estimate must not hide the original error
+            needed = 0
+        if _names_enospc(e) or free < needed:
+            raise OSError(errno.ENOSPC, f"No space left on device: saving the checkpoint of epoch {epoch} into {target} "
+                          f"needs about {needed} bytes, {free} are free there ({type(e).__name__}: {e}). Earlier "
+                          "checkpoints are intact: free space and re-run, and training resumes from the last one",
+                          str(target)) from e
+        raise
+
+
 def make_trainer_class():
     import torch.distributed as dist
     from speculators.train.checkpointer import DistributedCheckpointer, SingleGPUCheckpointer
@@ -397,7 +455,8 @@ def make_trainer_class():
                 torch.distributed.barrier()
             self.checkpointer.path = staging
             try:
-                super().save_checkpoint(epoch)
+                with checkpoint_disk_errors(staging / str(epoch), lambda: checkpoint_bytes(self.model, self.opt), epoch):
+                    super().save_checkpoint(epoch)
             finally:
                 self.checkpointer.path = final_root
             resume_dir = staging / str(epoch) / RESUME_DIR
