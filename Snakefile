@@ -36,7 +36,9 @@ onstart:
         from draftsmith.extraction import shards
 
         jobs = list(workflow.dag.needrun_jobs())
-        problems = shards.unreadable_manifests(shards.manifests_read_not_made(jobs, R / "shards"))
+        problems = shards.unreadable_manifests(
+            shards.manifests_read_not_made(jobs, R / "shards")
+        )
         if problems:
             results_lock.release(R)
             raise WorkflowError("\n".join([*problems, "No job was started."]))
