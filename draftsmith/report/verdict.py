@@ -114,10 +114,10 @@ def _head(draft: dict, lookup: dict | None, vs_base: str, vs_lookup: str | None)
         return f"{use}, unconfirmed: one timed run per method, so the machine's noise was not measured"
     if vs_base == "slower":
         return "do not use this draft: it slows decoding down"
-    if vs_base == "noisy":
-        return "undecided: the machine was too noisy to tell whether this draft is faster than target-only greedy"
     if vs_lookup == "slower":
         return "prompt lookup is the better choice: it is faster than this draft and needs no training"
+    if vs_base == "noisy":
+        return "undecided: the machine was too noisy to tell whether this draft is faster than target-only greedy"
     if vs_lookup == "noisy":
         return "this draft speeds decoding up; whether more than prompt lookup, the runs were too noisy to tell"
     return "use this draft: it speeds decoding up" + ("" if vs_lookup is None else ", more than prompt lookup does")
