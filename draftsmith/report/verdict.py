@@ -82,8 +82,8 @@ def ranking_line(variant: str, backend: str, rows: list[dict]) -> str:
     close = [(a, b) for a, b, c in pairs if c == "noisy"]
     if close:
         spreads = [r["time_spread"] for r in rows if _known(r.get("time_spread"))]
-        spread = (f"; one prompt's runs of one method differed by a median {fmt(100 * pd.Series(spreads).median(), 0)}% "
-                  f"of their time" if spreads else "")
+        spread = (f"; a method's runs on one prompt differed by a median of "
+                  f"{fmt(100 * pd.Series(spreads).median(), 0)}% of their time" if spreads else "")
         overlaps = "; ".join(f"{method_label(a['method'])} {_speed(a)} and {method_label(b['method'])} {_speed(b)}"
                              for a, b in close)
         return (f"**Too noisy to rank** the methods of `{variant}` by speed: over {runs} timed runs per prompt, the "
