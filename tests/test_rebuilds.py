@@ -76,6 +76,7 @@ CHANGES = {
         "num_speculative_tokens": 1, "max_new_tokens": 8, "methods": ["target_greedy", "eagle3_draft"],
         "batch_size": 2, "prompt_lookup_ngram": 2, "cuda_graphs": False, "device": "auto", "dtype": "bfloat16",
         "seed": 1}.items()},
+    "benchmark.repeats": (3, {"benchmark"}),  # the tiny configuration times 2 runs per prompt
     "benchmark.num_prompts": (2, {"benchmark_prompts"}),
     "benchmark.prompts": ("mt_bench", {"benchmark_prompts"}),
     **{f"benchmark.mt_bench.{k}": (v, set(), "read for benchmark.prompts mt_bench only; this configuration uses heldout")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 
@@ -52,6 +54,10 @@ def _read_csv(path, columns: list[str]) -> pd.DataFrame:
     return df
 
 
+def _float(value) -> float:
+    return math.nan if value is None else float(value)
+
+
 def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
     """Summary JSONs by variant, and one row per (variant, method) with per-position rates as a list."""
     by_variant, rows = {}, []
@@ -82,6 +88,12 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                                            if d and d.get("logit_gap") is not None), default=None),
                 "cost_ratio": (m.get("step_costs") or {}).get("cost_ratio"),
                 "ideal_speedup": m.get("ideal_speedup"),
+                # timing (draftsmith.benchmark.results): absent or null where one run was timed (the vLLM backend)
+                "repeats": m.get("repeats") or 1,
+                "time_spread": _float(m.get("time_spread")),
+                "speedup_low": _float((m.get("speedup_range") or [None, None])[0]),
+                "speedup_high": _float((m.get("speedup_range") or [None, None])[1]),
+                "unrepeatable_count": len(m.get("unrepeatable_prompts") or []),
             })
     if not rows:
         raise ReportInputError("no benchmark summaries were given")
