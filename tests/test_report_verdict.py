@@ -12,7 +12,7 @@ from draftsmith.io import write_json
 from draftsmith.report.load import load_summaries
 from draftsmith.report.render import render_html, render_markdown
 from draftsmith.report.tables import acceptance_by_category, category_findings
-from draftsmith.report.verdict import best_k, predicted_round, predicted_table, ranking_line, verdict_lines
+from draftsmith.report.verdict import best_k, predicted_round, predicted_table, verdict_lines
 
 K = 3
 DATA_SIZE = pd.DataFrame([{"variant": "v", "datasets": "all", "data fraction": 1.0, "train samples": 100,
