@@ -204,11 +204,12 @@ configfile: "{config}"
 include: "{repo}/rules/common.smk"
 include: "{repo}/rules/data.smk"
 include: "{repo}/rules/preflight.smk"
+include: "{repo}/rules/extract.smk"
 """
 
 
-def snakemake_preflight(tiny_target, tmp_path, **sections) -> subprocess.CompletedProcess:
-    """`snakemake preflight` with the repo's rules on a local dataset of 20 chats for `tiny_target`."""
+def snakemake_preflight(tiny_target, tmp_path, *targets, **sections) -> subprocess.CompletedProcess:
+    """`snakemake preflight` (or `targets`) with the repo's rules on a local dataset of 20 chats for `tiny_target`."""
     from draftsmith.data.synthetic import generate_corpus
     from draftsmith.io import write_jsonl
 
@@ -222,29 +223,33 @@ def snakemake_preflight(tiny_target, tmp_path, **sections) -> subprocess.Complet
     # this checkout's package, also where the installed one is another checkout's (the Snakefile here is not the repo's)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run([SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
-                           "preflight"], capture_output=True, text=True, env=env)
+                           *(targets or ["preflight"])], capture_output=True, text=True, env=env)
 
 
 def test_snakemake_preflight_rule(tiny_target, tmp_path):
-    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then prints its verdict (console
-    and the log under the config's results directory); the rule has no output."""
+    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then prints every check and the
+    verdict on the console."""
     proc = snakemake_preflight(tiny_target, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    log_path = tmp_path / "results" / "logs" / "preflight.log"
-    assert f"preflight: ok (log: {log_path})" in proc.stdout
-    log = log_path.read_text()
-    assert "[  ok] layer ids" in log
-    assert any(line.startswith("[  ok] disk") and "tokens" in line for line in proc.stdout.splitlines()), proc.stdout
+    assert "[  ok] layer ids" in proc.stdout and "[  ok] disk: shards need about" in proc.stdout
+    assert f"preflight: ok (log: {tmp_path / 'results' / 'logs' / 'preflight.log'})" in proc.stdout
 
 
 def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, tmp_path):
-    """The rule reads the prepared stats.json: 25 shards of 20 samples fail in preflight, before extraction loads a model."""
+    """The rule reads the prepared stats.json: 25 shards of 20 samples fail in preflight; a plain run fails in the
+    extraction job's own preflight, before it loads the target."""
     proc = snakemake_preflight(tiny_target, tmp_path, extraction={"num_shards": 25})
     assert proc.returncode != 0
     stats = tmp_path / "results" / "prepared" / "chats" / "stats.json"
     kept = json.loads(stats.read_text())["records_kept"]
     assert kept == 20
-    log = (tmp_path / "results" / "logs" / "preflight.log").read_text()
-    assert (f"[FAIL] shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
-            "so 5 shard(s) would be empty; set extraction.num_shards to at most 20") in log
-    assert not (tmp_path / "results" / "preflight.json").exists()
+    problem = (f"shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
+               "so 5 shard(s) would be empty; set extraction.num_shards to at most 20")
+    assert f"[FAIL] {problem}" in proc.stdout and "preflight: 1 problem(s)" in proc.stdout
+    manifest = tmp_path / "results" / "shards" / "chats" / "shard_0" / "manifest.json"
+    proc = snakemake_preflight(tiny_target, tmp_path, str(manifest), extraction={"num_shards": 25})
+    assert proc.returncode != 0 and not manifest.exists()
+    log = tmp_path / "results" / "logs" / "extract_hidden_states" / "chats" / "shard_0.log"
+    text = log.read_text()
+    assert f"preflight (extract) found problems:\n{problem}" in text
+    assert "extracting shard" not in text  # stopped before the driver loaded the target

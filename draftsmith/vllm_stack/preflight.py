@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.devices import visible_gpu_count
+from draftsmith.io import forcerun_hint, read_json
 from draftsmith.vllm_stack import call_sites, compat, probes, source
 from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
 from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
@@ -348,13 +349,14 @@ def count_tokens(stats_paths) -> int | None:
     for path in stats_paths:
         if not Path(path).exists():
             return None
-        total += json.loads(Path(path).read_text())["tokens"]
+        total += read_json(path, rebuild=forcerun_hint(path))["tokens"]
     return total
 
 
 def count_samples(stats_paths) -> dict[str, int]:
     """Samples per prepared dataset (records_kept of results/prepared/{dataset}/stats.json); missing files are left out."""
-    return {Path(p).parent.name: json.loads(Path(p).read_text())["records_kept"] for p in stats_paths if Path(p).exists()}
+    return {Path(p).parent.name: read_json(p, rebuild=forcerun_hint(p))["records_kept"]
+            for p in stats_paths if Path(p).exists()}
 
 
 def main(argv: list[str] | None = None) -> int:
