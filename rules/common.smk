@@ -150,7 +150,7 @@ BACKEND_ONLY = {
         },
     },
     "benchmark": {
-        "offline": {"cuda_graphs", "device", "batch_size"},
+        "offline": {"cuda_graphs", "device", "batch_size", "repeats"},
         "vllm": {
             "concurrency",
             "tensor_parallel_size",
