@@ -310,6 +310,21 @@ def training_gpus(variant):
     return gpus or single_device_gpus(config["extraction"]["device"])
 
 
+# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES)
+GPU_STAGE = {
+    "extract_hidden_states": "extract",
+    "train_draft": "train",
+    "benchmark": "benchmark",
+}
+
+
+def gpu_problems(rules):
+    """One line per GPU count, asked for by a stage among `rules`, that this machine cannot give (naming the key)."""
+    from draftsmith.vllm_stack.preflight import gpu_problems as check
+
+    return check(config, {GPU_STAGE[r] for r in rules if r in GPU_STAGE})
+
+
 def all_outputs():
     """Rule all's inputs: every output of the DAG (draftsmith.artefacts), intermediates too, because Snakemake 9
     rebuilds a missing intermediate only when a job after it must run: listed here, a deleted vocab map or shard
