@@ -39,6 +39,9 @@ onstart:
         problems = shards.unreadable_manifests(
             shards.manifests_read_not_made(jobs, R / "shards")
         )
+        # the jobs run here: every GPU count they ask for must exist before the first one starts
+        if workflow.local_exec:
+            problems += gpu_problems({job.rule.name for job in jobs})
         if problems:
             results_lock.release(R)
             raise WorkflowError("\n".join([*problems, "No job was started."]))

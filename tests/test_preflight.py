@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, TINY_CONFIG
+from conftest import REPO, SNAKEMAKE, TINY_CONFIG, snakemake
 
 from draftsmith.config.workflow import validate
 from draftsmith.vllm_stack import compat, source
@@ -253,3 +253,15 @@ def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, 
     text = log.read_text()
     assert f"preflight (extract) found problems:\n{problem}" in text
     assert "extracting shard" not in text  # stopped before the driver loaded the target
+
+
+def test_a_gpu_count_this_machine_cannot_give_stops_the_run_before_any_job(tmp_path):
+    """training.gpus: 4 where no GPU is visible: the run stops before its first job, naming the key (train_draft once
+    failed an hour later, after extraction, with torch's 'Cannot access accelerator device')."""
+    from conftest import write_config
+
+    write_config(tmp_path, {"training": {"gpus": 4}})
+    proc = snakemake(tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "gpus (training): training.gpus=4 but 0 GPU(s) are visible" in proc.stdout + proc.stderr
+    assert not [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.name != ".draftsmith.lock"]

@@ -33,9 +33,14 @@ def method_order(methods) -> list[str]:
     return [m for m in METHODS if m in present] + [m for m in present if m not in METHODS]
 
 
-def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
+def by_variant_and_method(methods: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by variant, then method in the report's order."""
     order = {m: i for i, m in enumerate(method_order(methods["method"]))}
-    df = methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+    return methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+
+
+def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
+    df = by_variant_and_method(methods)
     return pd.DataFrame({
         "variant": df["variant"],
         "backend": df["backend"],
@@ -53,8 +58,7 @@ def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
 def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
     """Per (variant, method): how the speed was measured and how much to trust it (runs per prompt, the speedup's
     range over the runs, the spread of a prompt's run times), with the first-token-free speedup and the cost model."""
-    order = {m: i for i, m in enumerate(method_order(methods["method"]))}
-    df = methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+    df = by_variant_and_method(methods)
     return pd.DataFrame({
         "variant": df["variant"],
         "method": df["method"],

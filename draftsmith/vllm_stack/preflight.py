@@ -325,6 +325,18 @@ def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int
     return report
 
 
+def gpu_problems(config: dict, stages, gpus: int | None = None) -> list[str]:
+    """The GPU checks of `stages` alone (seconds, no target read): the workflow runs them before its first local job,
+    so that a GPU count this machine cannot give stops the run before anything is computed."""
+    report = Verdict()
+    gpus = visible_gpu_count() if gpus is None else gpus
+    checks = {"extract": check_extraction_gpus, "train": check_training_gpus, "benchmark": check_benchmark_gpus}
+    for stage in STAGES:
+        if stage in stages:
+            checks[stage](report, config, gpus)
+    return [f"{p} (this machine; `snakemake preflight` checks everything)" for p in report.problems]
+
+
 class PreflightError(RuntimeError):
     """A stage's preflight found problems; the message lists them, one per line."""
 
