@@ -1,5 +1,8 @@
 # draftsmith: raw chat data -> hidden-state shards -> vocab map -> EAGLE-3 draft -> benchmark -> report.
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
+
+from draftsmith import results_lock
 
 min_version("9.0")
 
@@ -16,6 +19,40 @@ include: "rules/train.smk"
 include: "rules/benchmark.smk"
 include: "rules/report.smk"
 include: "rules/validate.smk"
+
+
+# One run at a time per results tree (draftsmith/results_lock.py): Snakemake's own lock is per working
+# directory. Held by the main process from its first job to its exit. Snakemake runs no hooks in a dry
+# run, under --lint or in the jobs it spawns (--no-hooks); is_main_process guards the last once more.
+# Then, before any job starts (Snakemake deletes a job's old outputs when it starts), the shard manifests
+# that this run's jobs read but do not rebuild must parse: a truncated one stops the run here, naming it and
+# the command that rebuilds the shard, instead of failing train_draft after its last good draft is deleted.
+onstart:
+    if workflow.is_main_process:
+        try:
+            results_lock.acquire(R)
+        except results_lock.ResultsLockedError as e:
+            raise WorkflowError(str(e)) from None
+        from draftsmith.extraction import shards
+
+        jobs = list(workflow.dag.needrun_jobs())
+        problems = shards.unreadable_manifests(
+            shards.manifests_read_not_made(jobs, R / "shards")
+        )
+        # the jobs run here: every GPU count they ask for must exist before the first one starts
+        if workflow.local_exec:
+            problems += gpu_problems({job.rule.name for job in jobs})
+        if problems:
+            results_lock.release(R)
+            raise WorkflowError("\n".join([*problems, "No job was started."]))
+
+
+onsuccess:
+    results_lock.release(R)
+
+
+onerror:
+    results_lock.release(R)
 
 
 rule all:

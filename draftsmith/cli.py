@@ -8,6 +8,8 @@ import math
 import sys
 from pathlib import Path
 
+from draftsmith.io import forcerun_hint, read_json
+
 
 def cmd_validate(args) -> int:
     from draftsmith.config.workflow import ConfigError, load_config
@@ -41,7 +43,7 @@ def cmd_inspect(args) -> int:
     elif (path / "config.json").exists() and (path / "model.safetensors").exists():
         from safetensors import safe_open
 
-        config = json.loads((path / "config.json").read_text())
+        config = read_json(path / "config.json", rebuild=forcerun_hint(path / "config.json"))
         with safe_open(path / "model.safetensors", framework="pt") as f:
             params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
         layer = config.get("transformer_layer_config", {})

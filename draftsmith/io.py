@@ -71,9 +71,43 @@ def write_json(path: str | Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_json(path: str | Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+class InvalidJSONFileError(json.JSONDecodeError):
+    """A JSON file that does not parse (cut short by a full disk, a copy or an editor): the message names the
+    file, says it is truncated or invalid, and what rebuilds it. A JSONDecodeError, as before, for callers
+    that catch that."""
+
+    def __init__(self, path: str | Path, msg: str, doc: str, pos: int, size: int, rebuild: str | None = None):
+        super().__init__(msg, doc, pos)
+        self.path, self.size, self.rebuild = str(path), size, rebuild
+        where = f" at line {self.lineno} column {self.colno}" if doc else ""
+        what = "an empty file" if size == 0 else f"{msg}{where}; the file has {size} bytes"
+        self.args = (f"{path}: truncated or invalid JSON ({what}); "
+                     f"{rebuild or 're-create it by re-running the step that writes it'}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+    def __reduce__(self):
+        return self.__class__, (self.path, self.msg, self.doc, self.pos, self.size, self.rebuild)
+
+
+def forcerun_hint(path: str | Path) -> str:
+    """How to re-create a rule's output (Snakemake takes an existing output as done, however broken)."""
+    return f"re-create it with `snakemake --forcerun {path}`"
+
+
+def read_json(path: str | Path, rebuild: str | None = None) -> Any:
+    """The JSON document in `path`. One that does not parse (or is not UTF-8) raises InvalidJSONFileError,
+    naming the file and `rebuild`: what re-creates it."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidJSONFileError(path, f"not UTF-8 at byte {e.start}", "", 0, len(data), rebuild) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidJSONFileError(path, e.msg, e.doc, e.pos, len(data), rebuild) from None
 
 
 def write_jsonl(path: str | Path, rows) -> int:

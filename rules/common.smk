@@ -172,7 +172,7 @@ BACKEND_ONLY = {
         },
     },
     "benchmark": {
-        "offline": {"cuda_graphs", "device", "batch_size"},
+        "offline": {"cuda_graphs", "device", "batch_size", "repeats"},
         "vllm": {
             "concurrency",
             "tensor_parallel_size",
@@ -337,6 +337,21 @@ def training_gpus(variant):
     """training.gpus; 0 means one GPU where one exists (extraction.device: cpu keeps it on the CPU)."""
     gpus = variant_training(variant)["gpus"]
     return gpus or single_device_gpus(config["extraction"]["device"])
+
+
+# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES)
+GPU_STAGE = {
+    "extract_hidden_states": "extract",
+    "train_draft": "train",
+    "benchmark": "benchmark",
+}
+
+
+def gpu_problems(rules):
+    """One line per GPU count, asked for by a stage among `rules`, that this machine cannot give (naming the key)."""
+    from draftsmith.vllm_stack.preflight import gpu_problems as check
+
+    return check(config, {GPU_STAGE[r] for r in rules if r in GPU_STAGE})
 
 
 def all_outputs():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pandas as pd
 import pytest
@@ -91,3 +92,77 @@ def test_the_stopping_rule_keeps_the_stop_token_and_caps_the_length():
     assert cut_output([5, 6, 7, 8], 3, {2}) == [5, 6, 7]
     assert cut_output([5, 6, 7, 2], 3, {2}) == [5, 6, 7]  # the cap comes first
     assert cut_output([], 3, {2}) == []
+
+
+def repeated(rows: list[dict], runs: dict[tuple[str, str], list[float]]) -> list[dict]:
+    """`rows` with each (method, prompt)'s run times as `repeat_seconds`."""
+    return [{**r, "repeat_seconds": runs[(r["method"], r["prompt_id"])]} for r in rows]
+
+
+def test_repeated_runs_give_median_times_a_spread_and_a_speedup_range(tmp_path):
+    """Three runs per prompt and method: seconds is the median, time_spread (max - min) / median, and the speedup of
+    each run alone (run r of every prompt against the baseline's run r) bounds the summary's speedup_range."""
+    runs = {("target_greedy", "a"): [1.0, 1.2, 0.9], ("eagle3_draft", "a"): [0.5, 0.4, 0.6],
+            ("target_greedy", "b"): [2.0, 2.0, 3.0], ("eagle3_draft", "b"): [1.0, 1.5, 1.0]}
+    summary = write_results(repeated(traces(), runs), K, tmp_path / "per_prompt.csv", tmp_path / "summary.json",
+                            {"variant": "v"})
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    df = pd.read_csv(tmp_path / "per_prompt.csv").set_index(["method", "prompt_id"])
+    assert df.loc[("target_greedy", "a"), "seconds"] == pytest.approx(1.0)  # the median, not the first run
+    assert df.loc[("target_greedy", "a"), "time_spread"] == pytest.approx((1.2 - 0.9) / 1.0)
+    assert df.loc[("eagle3_draft", "b"), "time_spread"] == pytest.approx(0.5)
+    assert (df["repeats"] == 3).all()
+    assert [float(x) for x in df.loc[("eagle3_draft", "a"), "repeat_seconds"].split()] == [0.5, 0.4, 0.6]
+    spec = summary["methods"]["eagle3_draft"]
+    assert spec["repeats"] == 3
+    assert spec["speedup"] == pytest.approx((14 / 1.5) / (14 / 3.0))  # medians: 0.5 + 1.0 against 1.0 + 2.0
+    by_repeat = [(14 / (0.5 + 1.0)) / (14 / (1.0 + 2.0)), (14 / (0.4 + 1.5)) / (14 / (1.2 + 2.0)),
+                 (14 / (0.6 + 1.0)) / (14 / (0.9 + 3.0))]
+    assert spec["speedup_by_repeat"] == pytest.approx(by_repeat)
+    assert spec["speedup_range"] == pytest.approx([min(by_repeat), max(by_repeat)])
+    assert spec["time_spread"] == pytest.approx(statistics.median([0.4, 0.5]))  # a: 0.2 / 0.5, b: 0.5 / 1.0
+    assert spec["time_spread_max"] == pytest.approx(0.5)
+    greedy = summary["methods"]["target_greedy"]
+    assert greedy["speedup_by_repeat"] == pytest.approx([1.0, 1.0, 1.0]) and greedy["speedup_range"] == [1.0, 1.0]
+    assert spec["per_category"]["all"]["speedup_range"] == pytest.approx(spec["speedup_range"])
+
+
+def test_a_single_timed_run_leaves_the_spread_unknown(tmp_path):
+    """Rows with one time each (the vLLM backend) have no spread and no speedup range: null, not a false zero."""
+    summary = write_results(traces(), K, tmp_path / "per_prompt.csv", tmp_path / "summary.json", {"variant": "v"})
+    spec = summary["methods"]["eagle3_draft"]
+    assert spec["repeats"] == 1 and spec["speedup_range"] is None and spec["speedup_by_repeat"] is None
+    assert spec["time_spread"] is None
+    df = pd.read_csv(tmp_path / "per_prompt.csv")
+    assert (df["repeats"] == 1).all() and df["time_spread"].isna().all()
+
+
+def test_interleaved_timing_rotates_the_order_and_flags_a_run_that_decodes_otherwise():
+    """time_interleaved runs every method once per run, in an order rotated per prompt and run; a method whose later
+    run emits other tokens is flagged, its first run's counts kept."""
+    from draftsmith.benchmark.offline import run_order, time_interleaved
+
+    calls = []
+
+    def decoder(method, flaky=False):
+        def decode(ids):
+            calls.append(method)
+            n = sum(c == method for c in calls)
+            tokens = [1, 2, 3] if not (flaky and n == 2) else [1, 2, 4]
+            return Trace(tokens=tokens, target_forwards=3, seconds=0.1 * n, first_token_seconds=0.01 * n)
+        return decode
+
+    methods = ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]
+    decoders = {m: decoder(m, flaky=m == "untrained_draft") for m in methods}
+    timed = time_interleaved(decoders, [0], repeats=3, shift=1, k=K)
+    assert calls == run_order(methods, 1) + run_order(methods, 2) + run_order(methods, 3)
+    assert calls[:4] == ["prompt_lookup", "untrained_draft", "eagle3_draft", "target_greedy"]
+    assert [calls[i * 4] for i in range(3)] == ["prompt_lookup", "untrained_draft", "eagle3_draft"]  # first changes
+    assert list(timed) == methods
+    assert timed["target_greedy"].positions == [3, 2, 1] and timed["prompt_lookup"].positions == [0, 3, 2]
+    assert timed["eagle3_draft"].seconds == pytest.approx([0.1, 0.2, 0.3])
+    row = timed["eagle3_draft"].row(K)
+    assert row["repeat_seconds"] == pytest.approx([0.1, 0.2, 0.3]) and row["first_token_seconds"] == pytest.approx(0.02)
+    assert row["run_order"] == "2 1 0"
+    assert [t.repeatable for t in timed.values()] == [True, True, False, True]
+    assert timed["untrained_draft"].trace.tokens == [1, 2, 3]  # the first run's output stands

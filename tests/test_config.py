@@ -97,7 +97,7 @@ def test_shipped_configs_have_no_duplicate_keys():
 def test_user_datasets_and_variants_replace_the_embedded_defaults(tmp_path):
     """Snakemake deep-merges --configfile over config/config.yaml: a config naming its own dataset would also
     prepare, extract and train on the synthetic corpus. Named sections are replaced instead, in both paths."""
-    from draftsmith.config.workflow import ConfigError, load_config, read_config_file
+    from draftsmith.config.workflow import load_config
 
     user = tmp_path / "mine.yaml"
     user.write_text("datasets:\n  chats: {source: local, path: chats.jsonl}\nvariants:\n  wide: {draft_layers: 2}\n")

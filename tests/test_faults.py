@@ -6,6 +6,7 @@ docs/RELIABILITY.md lists every fault tried here and what happens.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, SNAKEMAKE, copy_inputs, snakemake
+from test_training import TRAINING, training_inputs  # noqa: F401 - a module fixture: two small shards, a vocab map
 
 from draftsmith.io import sha256_file
 
@@ -175,3 +177,112 @@ def test_malformed_dataset_fails_with_file_record_and_field(pipeline_run, tmp_pa
     assert ("skipped by reason: {'invalid_json': 1, 'no_assistant_turn': 1, 'non_string_content': 1, "
             "'starts_with_assistant': 1}") in log
     assert not (workdir / "results" / "prepared" / "broken" / "samples.parquet").exists()
+
+
+def test_truncated_manifest_fails_naming_the_file_and_the_command_that_rebuilds_the_shard(training_inputs, tiny_target,
+                                                                                          tmp_path):
+    """A manifest cut mid-file (not by draftsmith, which writes it atomically: by a copy, a full disk elsewhere):
+    every reader names the file, says it is truncated, and gives the command that really rebuilds the shard."""
+    from draftsmith.extraction.shards import ShardError, validate_shard
+    from draftsmith.report.load import ReportInputError, load_manifests
+    from draftsmith.target_model.spec import TargetSpec
+    from draftsmith.training.trainer import train_draft
+
+    shard = tmp_path / "shards" / "synthetic" / "shard_0"
+    shutil.copytree(Path(training_inputs["manifests"][0]).parent, shard)
+    manifest = shard / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:700])
+    expected = [f"{manifest}: truncated or invalid JSON", f"`snakemake --forcerun {manifest}`", f"delete {shard}"]
+
+    out = tmp_path / "draft"
+    with pytest.raises(ValueError) as failed:
+        train_draft([str(manifest), training_inputs["manifests"][1]], training_inputs["d2t"], training_inputs["t2d"],
+                    TargetSpec(str(tiny_target)), TRAINING, str(out / "state"), "default", 0, str(out / "config.json"),
+                    str(out / "model.safetensors"), str(out / "metrics.csv"), str(out / "training_data.json"))
+    messages = [str(failed.value)]
+    with pytest.raises(ShardError) as failed:  # snakemake validate, draftsmith validate / inspect
+        validate_shard(shard)
+    messages.append(str(failed.value))
+    with pytest.raises(ReportInputError) as failed:  # the report
+        load_manifests([manifest])
+    messages.append(str(failed.value))
+    for message in messages:
+        assert all(part in message for part in expected), message
+    assert not out.exists()
+
+
+def test_truncated_manifest_stops_the_run_before_any_job_and_forcerun_rebuilds_the_shard(pipeline_run, tmp_path):
+    """Downstream up to date, one manifest truncated (its mtime now newer than the draft): a plain `snakemake`
+    must not start train_draft, which would delete the last good draft and then fail on the manifest."""
+    from test_pipeline import jobs_planned
+
+    workdir = copy_inputs(pipeline_run, tmp_path)
+    r = workdir / "results"
+    for sub in ("shards", "vocab", "train_state", "draft", "benchmark", "report"):
+        shutil.copytree(pipeline_run / "results" / sub, r / sub)
+    shutil.copy2(pipeline_run / "results" / "preflight.json", r / "preflight.json")
+    snakemake(workdir)  # brings the copy up to date (earlier tests may have rebuilt the session run's vocab map)
+    draft = {name: sha256_file(r / "draft" / "default" / name) for name in ("config.json", "model.safetensors")}
+    manifest = workdir / SHARD / "manifest.json"
+    original = json.loads(manifest.read_text())
+    manifest.write_bytes(manifest.read_bytes()[:1000])
+
+    proc = snakemake(workdir, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"{manifest}: truncated or invalid JSON" in output and f"`snakemake --forcerun {manifest}`" in output
+    assert "No job was started." in output and "localrule" not in output and "rule train_draft" not in output
+    assert {name: sha256_file(r / "draft" / "default" / name) for name in draft} == draft  # the last good draft
+
+    proc = snakemake(workdir, "--forcerun", str(manifest))  # the command the message gives
+    assert jobs_planned(proc) == {"extract_hidden_states": 1, "train_draft": 1, "benchmark": 1, "report": 1, "all": 1}
+    assert json.loads(manifest.read_text())["samples"] == original["samples"]  # hf on the CPU: the same files
+    # hf and training on the CPU are deterministic: the same weights (config.json names this copy's target path)
+    assert sha256_file(r / "draft" / "default" / "model.safetensors") == draft["model.safetensors"]
+    noop = snakemake(workdir, "-n")
+    assert "Nothing to be done" in noop.stdout + noop.stderr
+
+
+def test_disk_full_while_saving_a_checkpoint_names_the_path_and_keeps_the_last_checkpoint(training_inputs, tiny_target,
+                                                                                          tmp_path):
+    """The training state on a small tmpfs with room for half a checkpoint: torch.save's own error says only
+    "enforce fail at inline_container.cc"; the job's error must say "No space left on device" with the path."""
+    from draftsmith.target_model.spec import TargetSpec
+    from draftsmith.training.trainer import train_draft
+
+    state = tmp_path / "state"
+    state.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(state)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    out = tmp_path / "draft"
+
+    def train():
+        train_draft(training_inputs["manifests"], training_inputs["d2t"], training_inputs["t2d"], TargetSpec(str(tiny_target)),
+                    {**TRAINING, "epochs": 2}, str(state), "default", 0, str(out / "config.json"),
+                    str(out / "model.safetensors"), str(out / "metrics.csv"), str(out / "training_data.json"))
+
+    try:
+        train()
+        checkpoints = state / "checkpoints"
+        kept = {p.name: sha256_file(p) for p in (checkpoints / "0").iterdir()}
+        size = sum(p.stat().st_size for p in (checkpoints / "1").iterdir())
+        shutil.rmtree(checkpoints / "1")  # the state of a job killed during epoch 1
+        filler = state / "filler"
+        with open(filler, "wb") as f:  # leave room for half of epoch 1's checkpoint
+            f.write(bytes((shutil.disk_usage(state).free - size // 2) // 4096 * 4096))
+
+        with pytest.raises(OSError) as full:
+            train()
+        message = str(full.value)
+        assert full.value.errno == errno.ENOSPC and "No space left on device" in message, message
+        assert str(checkpoints / ".staging" / "1") in message and "bytes" in message
+        assert "inline_container.cc" in message  # torch.save's own error, kept beside the translation
+        assert {p.name: sha256_file(p) for p in (checkpoints / "0").iterdir()} == kept  # the last checkpoint intact
+        assert not (checkpoints / "1").exists() and not (checkpoints / ".staging" / "1").exists()  # no partial save
+
+        filler.unlink()  # room again: the re-run resumes from epoch 0 and finishes
+        train()
+        assert (checkpoints / "1" / "model.safetensors").exists() and (out / "model.safetensors").exists()
+    finally:
+        subprocess.run(["umount", str(state)], check=True)

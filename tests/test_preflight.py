@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, TINY_CONFIG
+from conftest import REPO, SNAKEMAKE, TINY_CONFIG, snakemake
 
 from draftsmith.config.workflow import validate
 from draftsmith.vllm_stack import compat, source
@@ -203,11 +203,12 @@ configfile: "{config}"
 include: "{repo}/rules/common.smk"
 include: "{repo}/rules/data.smk"
 include: "{repo}/rules/preflight.smk"
+include: "{repo}/rules/extract.smk"
 """
 
 
-def snakemake_preflight(tiny_target, tmp_path, **sections) -> subprocess.CompletedProcess:
-    """`snakemake preflight` with the repo's rules on a local dataset of 20 chats for `tiny_target`."""
+def snakemake_preflight(tiny_target, tmp_path, *targets, **sections) -> subprocess.CompletedProcess:
+    """`snakemake preflight` (or `targets`) with the repo's rules on a local dataset of 20 chats for `tiny_target`."""
     from draftsmith.data.synthetic import generate_corpus
     from draftsmith.io import write_jsonl
 
@@ -219,26 +220,45 @@ def snakemake_preflight(tiny_target, tmp_path, **sections) -> subprocess.Complet
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "Snakefile").write_text(SNAKEFILE.format(config=tmp_path / "config.yaml", repo=REPO))
     return subprocess.run([SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
-                           "preflight"], capture_output=True, text=True)
+                           *(targets or ["preflight"])], capture_output=True, text=True)
 
 
 def test_snakemake_preflight_rule(tiny_target, tmp_path):
-    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then writes preflight.json."""
+    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then prints every check and the
+    verdict on the console."""
     proc = snakemake_preflight(tiny_target, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "results" / "preflight.json").read_text())
-    assert result["ok"] and any(c["name"] == "disk" and "tokens" in c["message"] for c in result["checks"])
-    assert "[  ok] layer ids" in (tmp_path / "logs" / "preflight.log").read_text()
+    assert "[  ok] layer ids" in proc.stdout and "[  ok] disk: shards need about" in proc.stdout
+    assert "preflight: ok (log: " in proc.stdout
 
 
 def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, tmp_path):
-    """The rule reads the prepared stats.json: 25 shards of 20 samples fail in preflight, before extraction loads a model."""
+    """The rule reads the prepared stats.json: 25 shards of 20 samples fail in preflight; a plain run fails in the
+    extraction job's own preflight, before it loads the target."""
     proc = snakemake_preflight(tiny_target, tmp_path, extraction={"num_shards": 25})
     assert proc.returncode != 0
     stats = tmp_path / "results" / "prepared" / "chats" / "stats.json"
     kept = json.loads(stats.read_text())["records_kept"]
     assert kept == 20
-    log = (tmp_path / "logs" / "preflight.log").read_text()
-    assert (f"[FAIL] shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
-            "so 5 shard(s) would be empty; set extraction.num_shards to at most 20") in log
-    assert not (tmp_path / "results" / "preflight.json").exists()
+    problem = (f"shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
+               "so 5 shard(s) would be empty; set extraction.num_shards to at most 20")
+    assert f"[FAIL] {problem}" in proc.stdout and "preflight: 1 problem(s)" in proc.stdout
+    manifest = tmp_path / "results" / "shards" / "chats" / "shard_0" / "manifest.json"
+    proc = snakemake_preflight(tiny_target, tmp_path, str(manifest), extraction={"num_shards": 25})
+    assert proc.returncode != 0 and not manifest.exists()
+    log = next((tmp_path / "results").rglob("shard_0.log"), None) or next(tmp_path.rglob("shard_0.log"))
+    text = log.read_text()
+    assert f"preflight (extract) found problems:\n{problem}" in text
+    assert "extracting shard" not in text  # stopped before the driver loaded the target
+
+
+def test_a_gpu_count_this_machine_cannot_give_stops_the_run_before_any_job(tmp_path):
+    """training.gpus: 4 where no GPU is visible: the run stops before its first job, naming the key (train_draft once
+    failed an hour later, after extraction, with torch's 'Cannot access accelerator device')."""
+    from conftest import write_config
+
+    write_config(tmp_path, {"training": {"gpus": 4}})
+    proc = snakemake(tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "gpus (training): training.gpus=4 but 0 GPU(s) are visible" in proc.stdout + proc.stderr
+    assert not [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.name != ".draftsmith.lock"]

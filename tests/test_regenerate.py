@@ -24,6 +24,20 @@ def rows(path):
     return read_jsonl(path)
 
 
+def interrupt_at_second_chunk(monkeypatch):
+    """regenerate's second chunk raises "interrupted", as a killed job would stop; returns the real chunk function."""
+    real, calls = regen._generate_chunk, []
+
+    def failing_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("interrupted")
+        return real(*a, **k)
+
+    monkeypatch.setattr(regen, "_generate_chunk", failing_second)
+    return real
+
+
 def test_answers_every_prompt_in_order(tiny_target, tmp_path):
     out = tmp_path / "answers.jsonl"
     stats = regen.regenerate(prompts(), tiny_target, out, max_new_tokens=8, batch_size=3, chunk_size=3,
@@ -108,15 +122,7 @@ def test_prompts_with_unicode_line_separators_survive_the_chunks(tiny_target, tm
     texts = ["first\u2028second", "a\x85b and \x0c c", "tab\there\r\nand crlf", "plain"]
     records = [{"id": f"s{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)]
     out = tmp_path / "answers.jsonl"
-    real, calls = regen._generate_chunk, []
-
-    def failing_second(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("interrupted")
-        return real(*a, **k)
-
-    monkeypatch.setattr(regen, "_generate_chunk", failing_second)
+    real = interrupt_at_second_chunk(monkeypatch)
     with pytest.raises(RuntimeError, match="interrupted"):
         regen.regenerate(records, tiny_target, out, max_new_tokens=3, chunk_size=2, show_progress=False)
     monkeypatch.setattr(regen, "_generate_chunk", real)
@@ -262,15 +268,7 @@ def test_the_same_prompt_under_another_id_is_answered_once(tiny_target, tmp_path
     assert regen.regenerate(unique, tiny_target, tmp_path / "b.jsonl", max_new_tokens=2, chunk_size=2,
                             show_progress=False)["fingerprint"] == stats["fingerprint"]
 
-    real, calls = regen._generate_chunk, []
-
-    def failing_second(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("interrupted")
-        return real(*a, **k)
-
-    monkeypatch.setattr(regen, "_generate_chunk", failing_second)
+    real = interrupt_at_second_chunk(monkeypatch)
     with pytest.raises(RuntimeError):
         regen.regenerate(unique, tiny_target, tmp_path / "c.jsonl", max_new_tokens=2, chunk_size=2,
                          show_progress=False)

@@ -336,7 +336,8 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
            "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
-           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
+           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "repeats": 2,
+           "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
     out = tiny["root"] / "bench"
     summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
@@ -364,16 +365,41 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     for category, stats in methods["eagle3_draft"]["per_category"].items():
         g = rows[(rows["method"] == "eagle3_draft") & (rows["category"] == category)]
         assert stats["acceptance_length"] == pytest.approx(g["new_tokens"].sum() / g["target_forwards"].sum())
+    # timing: two runs per prompt and method, interleaved, the order rotated by one per prompt and per run
+    assert (rows["repeats"] == 2).all() and summary["repeats"] == 2 and summary["timing"] == "interleaved"
+    for _, row in rows.iterrows():
+        runs = [float(x) for x in row["repeat_seconds"].split()]
+        assert len(runs) == 2 and row["seconds"] == pytest.approx(sorted(runs)[0] / 2 + sorted(runs)[1] / 2)
+        assert row["time_spread"] == pytest.approx((max(runs) - min(runs)) / row["seconds"])
+    order = {(r["prompt_id"], r["method"]): [int(x) for x in r["run_order"].split()] for _, r in rows.iterrows()}
+    pids = list(dict.fromkeys(rows["prompt_id"]))
+    names = ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]
+    for i, pid in enumerate(pids):
+        for run in range(2):  # run r of prompt i starts with method (i + r) mod 4, then the rest in turn
+            assert sorted(names, key=lambda m: order[(pid, m)][run]) == names[(i + run) % 4:] + names[:(i + run) % 4]
+    firsts = {m for (pid, m), positions in order.items() for p in positions if p == 0}
+    assert len(firsts) == 4  # every method goes first somewhere, none always
+    for method in names:
+        entry = methods[method]
+        assert entry["repeatable"] is True and entry["unrepeatable_prompts"] == []
+        assert len(entry["speedup_by_repeat"]) == 2
+        low, high = entry["speedup_range"]
+        assert low <= entry["speedup"] <= high and low <= min(entry["speedup_by_repeat"])
+        assert entry["time_spread"] == pytest.approx(rows[rows["method"] == method]["time_spread"].median())
     only = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
-                                 {**cfg, "methods": ["target_greedy", "eagle3_draft"]}, out / "two.csv", out / "two.json",
-                                 "default")
+                                 {**cfg, "methods": ["target_greedy", "eagle3_draft"], "repeats": 1}, out / "two.csv",
+                                 out / "two.json", "default")
     assert list(only["methods"]) == ["target_greedy", "eagle3_draft"]
+    assert only["methods"]["eagle3_draft"]["speedup_range"] is None  # one run: the spread is unknown, not zero
     assert only["methods"]["eagle3_draft"]["acceptance_length"] == methods["eagle3_draft"]["acceptance_length"]
     with pytest.raises(ValueError, match="lack target_greedy"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "methods": ["eagle3_draft"]}, out / "x.csv", out / "x.json", "default")
     with pytest.raises(ValueError, match="batch_size"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_size": 4},
+                              out / "x.csv", out / "x.json", "default")
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "repeats": 0},
                               out / "x.csv", out / "x.json", "default")
 
 
@@ -391,7 +417,7 @@ def test_mt_bench_second_turn_follows_the_targets_own_answer(tiny):
     prompts = resolve_benchmark_prompts(spec)[:2]
     assert all(isinstance(p["follow_up"], str) and p["follow_up"] for p in prompts)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 8, "temperature": 0.0, "batch_size": 1,
-           "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32", "seed": 0, "cuda_graphs": "auto",
+           "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "repeats": 1,
            "methods": ["target_greedy", "eagle3_draft"]}
     out = tiny["root"] / "bench_turns"
     summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg,

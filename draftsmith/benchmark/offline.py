@@ -7,11 +7,21 @@ draft's shape and vocabulary: what the architecture gives before training) and
 target's greedy output; the summary records that per method as `lossless`. A prompt with a
 `follow_up` (MT-Bench's second turn) is followed by that turn, asked after the target's own greedy
 answer to the first; its rows carry the prompt id with `_turn2` appended.
+
+Timing: after an untimed warm-up (every method once on the first prompt, then, on a CUDA device, the capture of
+every step shape), each prompt is decoded `benchmark.repeats` times by every method, the methods interleaved: run r
+of a prompt runs each method once, in an order rotated by one from run to run and from prompt to prompt, so that no
+method always goes first and a burst of load on the machine hits the methods alike. A prompt's time per method is
+the median of its runs; `run_order` records each run's position of the method, `repeat_seconds` the times. Greedy
+decoding is deterministic: every run must emit the same tokens with the same counts; a run that does not is
+reported (`unrepeatable_prompts` in the summary), not hidden.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -46,7 +56,7 @@ def check_settings(cfg: dict) -> None:
     if cfg["batch_size"] != 1:
         raise ValueError(f"benchmark.batch_size = {cfg['batch_size']}: the offline backend runs batch size 1 only "
                          "(use backend: vllm for concurrent requests)")
-    for key in ("num_speculative_tokens", "max_new_tokens"):
+    for key in ("num_speculative_tokens", "max_new_tokens", "repeats"):
         if int(cfg[key]) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
 
@@ -81,10 +91,58 @@ def untrained_like(trained, target: TargetSpec, aux_layer_ids: list[int], k: int
     )
 
 
+def run_order(methods: list[str], shift: int) -> list[str]:
+    """The methods rotated left by `shift`: run r of prompt i uses shift i + r."""
+    shift %= len(methods)
+    return methods[shift:] + methods[:shift]
+
+
+@dataclass
+class Timed:
+    """One method's runs on one prompt: the first run's trace (its counts), every run's times and positions, and
+    whether every run emitted the same tokens with the same counts."""
+
+    trace: object
+    seconds: list[float] = field(default_factory=list)
+    first_token_seconds: list[float] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    repeatable: bool = True
+
+    def row(self, k: int) -> dict:
+        firsts = [t for t in self.first_token_seconds if t is not None]
+        return {**self.trace.counts(k), "repeat_seconds": list(self.seconds),
+                "first_token_seconds": statistics.median(firsts) if firsts else None,
+                "run_order": " ".join(map(str, self.positions))}
+
+
+def _counts(trace, k: int) -> dict:
+    """What a run decoded (tokens, forwards, drafts, accepted per position), without its times."""
+    return {key: v for key, v in trace.counts(k).items() if key not in ("seconds", "first_token_seconds")}
+
+
+def time_interleaved(decoders: dict, ids: list[int], repeats: int, shift: int, k: int) -> dict[str, Timed]:
+    """Every method `repeats` times on one prompt, interleaved: run r runs each method once, in the order of
+    `run_order(methods, shift + r)`."""
+    methods = list(decoders)
+    timed: dict[str, Timed] = {}
+    for r in range(repeats):
+        for position, method in enumerate(run_order(methods, shift + r)):
+            trace = decoders[method](ids)
+            if method not in timed:
+                timed[method] = Timed(trace)
+            elif trace.tokens != timed[method].trace.tokens or _counts(trace, k) != _counts(timed[method].trace, k):
+                timed[method].repeatable = False
+            timed[method].seconds.append(trace.seconds)
+            timed[method].first_token_seconds.append(trace.first_token_seconds)
+            timed[method].positions.append(position)
+    return {m: timed[m] for m in methods}
+
+
 def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict], cfg: dict, out_per_prompt, out_summary,
                           variant: str) -> dict:
     check_settings(cfg)
     k, max_new_tokens = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"])
+    repeats = int(cfg["repeats"])
     device = resolve_device(cfg["device"])
     dtype = resolve_dtype(target.stage_dtype(cfg["dtype"]), device)
     seed = int(cfg["seed"])
@@ -139,22 +197,32 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                  runner.cache.max_length)
 
     rows, outputs, rendered = [], {m: {} for m in methods}, {}
-    queue = list(prompts)
+    unrepeatable: dict[str, list[str]] = {m: [] for m in methods}
+    log.info("timing: %d run(s) of every method per prompt, interleaved (order rotated per prompt and run)", repeats)
+    queue, index = list(prompts), 0
     progress = tqdm(total=len(prompts) + sum("follow_up" in p for p in prompts), desc=f"benchmark {variant}",
                     unit="prompt", mininterval=5)
     while queue:
         prompt = queue.pop(0)
         pid, ids = prompt["prompt_id"], render(prompt["messages"])
         rendered[pid] = ids
-        # Methods alternate within each prompt so that drifting clocks or thermals hit all of them alike.
-        for method in methods:
-            trace = decoders[method](ids)
-            outputs[method][pid] = trace.tokens
+        # Methods alternate within each run, in an order rotated per prompt and run, so that drifting clocks,
+        # thermals or other jobs on the machine hit all of them alike; the median of the runs is the prompt's time.
+        timed = time_interleaved(decoders, ids, repeats, index, k)
+        index += 1
+        for method, t in timed.items():
+            outputs[method][pid] = t.trace.tokens
             rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
-                         "category": prompt["category"], "prompt_tokens": len(ids), **trace.counts(k)})
-        log.info("prompt %s (%s): %d prompt tokens, %d new tokens; acceptance length %s", pid, prompt["category"],
-                 len(ids), len(outputs[BASELINE][pid]),
-                 ", ".join(f"{r['method']} {r['new_tokens'] / r['target_forwards']:.2f}" for r in rows[-len(methods):]))
+                         "category": prompt["category"], "prompt_tokens": len(ids), **t.row(k)})
+            if not t.repeatable:
+                unrepeatable[method].append(pid)
+                log.error("NOT REPEATABLE: %s on prompt %s emitted other tokens or counts in a later run", method, pid)
+        log.info("prompt %s (%s): %d prompt tokens, %d new tokens; acceptance length %s; median seconds %s; spread %s",
+                 pid, prompt["category"], len(ids), len(outputs[BASELINE][pid]),
+                 ", ".join(f"{m} {t.trace.counts(k)['new_tokens'] / t.trace.target_forwards:.2f}" for m, t in timed.items()),
+                 ", ".join(f"{m} {statistics.median(t.seconds):.3f}" for m, t in timed.items()),
+                 ", ".join(f"{m} {(max(t.seconds) - min(t.seconds)) / statistics.median(t.seconds):.0%}"
+                           for m, t in timed.items() if len(t.seconds) > 1 and statistics.median(t.seconds) > 0) or "-")
         if "follow_up" in prompt:  # the next turn, after the target's own (greedy) answer to this one
             answer = tokenizer.decode(outputs[BASELINE][pid], skip_special_tokens=True).strip()
             queue.insert(0, {"prompt_id": f"{pid}_turn2", "category": prompt["category"],
@@ -189,16 +257,22 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
+        "repeats": repeats,
+        "timing": "interleaved",
         "versions": package_versions(),
     }
-    extras = {m: {"lossless": lossless[m], "mismatched_prompts": mismatched[m], "divergences": divergences[m]}
-              for m in lossless}
+    extras = {m: {"repeatable": not unrepeatable[m], "unrepeatable_prompts": unrepeatable[m]} for m in methods}
+    for m in lossless:
+        extras[m].update(lossless=lossless[m], mismatched_prompts=mismatched[m], divergences=divergences[m])
     for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:
         extras[method]["step_costs"] = measure_step_costs(runner, proposers[method], first_ids, k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras)
     for method, stats in summary["methods"].items():
-        log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx (after the first token %.2fx)", method,
-                 stats["acceptance_length"], stats["tokens_per_s"], stats["speedup"], stats["decode_speedup"])
+        low, high = stats["speedup_range"] or (float("nan"), float("nan"))
+        spread = stats["time_spread"] if stats["time_spread"] is not None else float("nan")
+        log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx (%.2f-%.2fx over %d runs; timing spread %.0f%%, "
+                 "after the first token %.2fx)", method, stats["acceptance_length"], stats["tokens_per_s"],
+                 stats["speedup"], low, high, stats["repeats"], 100 * spread, stats["decode_speedup"])
         if "step_costs" in stats:
             costs = stats["step_costs"]
             log.info("%s: draft step %.2f ms, target step %.2f ms (verification over %d tokens %.2f ms): c = %.3f, "

@@ -8,12 +8,21 @@ the tokens a round with a proposal yields (the acceptance length the EAGLE paper
 end-to-end speed, the offline backend times the first token (the prompt's forward, which every method pays
 once): `decode_speedup` compares the tokens after it, per second after it (the time-per-output-token view);
 backends without that time leave it NaN.
+
+Timing: the offline backend times every method `benchmark.repeats` times per prompt, the methods interleaved
+(draftsmith.benchmark.offline). A row's `seconds` is the median of its runs (`repeat_seconds`, in run order),
+`time_spread` their range over the median ((max - min) / median). Per method, `speedup_by_repeat` is the speedup of
+run r alone (every prompt's r-th run against the baseline's r-th run of the same prompt, timed next to it), and
+`speedup_range` the lowest and highest of those and of `speedup`: the report ranks methods only where these
+ranges are apart. One timed run (the vLLM backend) leaves the spread and the range unknown (null).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
+import numpy as np
 import pandas as pd
 
 from draftsmith.io import atomic_path, write_json
@@ -24,7 +33,7 @@ METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft"]
 COLUMNS = [
     "variant", "backend", "method", "prompt_id", "category", "prompt_tokens", "new_tokens", "target_forwards",
     "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "first_token_seconds", "tokens_per_s",
-    "speedup",
+    "speedup", "repeats", "time_spread", "repeat_seconds", "run_order",
 ]
 
 
@@ -32,8 +41,31 @@ def accept_columns(k: int) -> list[str]:
     return [f"accept_pos_{i}" for i in range(1, k + 1)]
 
 
+def format_times(times) -> str:
+    """Run times as one CSV cell: seconds separated by spaces, in run order."""
+    return " ".join(repr(float(t)) for t in times)
+
+
+def parse_times(cell) -> list[float]:
+    """A `repeat_seconds` cell (or a list of seconds) as floats; empty for a missing value."""
+    if isinstance(cell, (list, tuple)):
+        return [float(t) for t in cell]
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        return []
+    return [float(t) for t in str(cell).split()]
+
+
+def relative_spread(times: list[float]) -> float:
+    """(max - min) / median of one prompt's run times; NaN for fewer than two runs."""
+    if len(times) < 2:
+        return math.nan
+    median = statistics.median(times)
+    return (max(times) - min(times)) / median if median > 0 else math.nan
+
+
 def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
-    """Fill derived columns (acceptance length, tokens/s, speedup over target-only greedy per prompt)."""
+    """Fill derived columns (acceptance length, tokens/s, speedup over target-only greedy per prompt, and the
+    timing columns: `seconds` is the median of `repeat_seconds` where a row has them, else its single run)."""
     df = pd.DataFrame(rows)
     for col in accept_columns(k):
         if col not in df:
@@ -41,11 +73,54 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     if "first_token_seconds" not in df:
         df["first_token_seconds"] = math.nan
     df["first_token_seconds"] = df["first_token_seconds"].astype(float)
+    times = df["repeat_seconds"].map(parse_times) if "repeat_seconds" in df else pd.Series([[]] * len(df), index=df.index)
+    times = pd.Series([t or [float(s)] for t, s in zip(times, df["seconds"])], index=df.index, dtype=object)
+    df["seconds"] = times.map(statistics.median).astype(float)
+    df["repeats"] = times.map(len).astype(int)
+    df["time_spread"] = times.map(relative_spread).astype(float)
+    df["repeat_seconds"] = times.map(format_times)
+    if "run_order" not in df:
+        df["run_order"] = ""
+    df["run_order"] = df["run_order"].fillna("").astype(str)
     df["acceptance_length"] = df["new_tokens"] / df["target_forwards"]
     df["tokens_per_s"] = df["new_tokens"] / df["seconds"]
     base = df[df["method"] == BASELINE].set_index("prompt_id")["tokens_per_s"]
     df["speedup"] = df["tokens_per_s"] / df["prompt_id"].map(base)
     return df[COLUMNS + accept_columns(k)]
+
+
+def _repeat_matrix(g: pd.DataFrame) -> np.ndarray | None:
+    """[prompt, run] seconds of a group's rows; None unless every row has the same number (>= 2) of runs."""
+    times = [parse_times(c) for c in g["repeat_seconds"]] if "repeat_seconds" in g else []
+    if not times or len({len(t) for t in times}) != 1 or len(times[0]) < 2:
+        return None
+    return np.array(times, dtype=float)
+
+
+def speedup_by_repeat(g: pd.DataFrame, base: pd.DataFrame) -> list[float] | None:
+    """The speedup of each run alone: the group's tokens over its prompts' r-th run times, against the baseline's
+    tokens over the same prompts' r-th run times (run r of every method on a prompt is timed in the same round)."""
+    mine, theirs = _repeat_matrix(g), _repeat_matrix(base)
+    if mine is None or theirs is None or mine.shape[1] != theirs.shape[1]:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tps = g["new_tokens"].sum() / mine.sum(axis=0)
+        base_tps = base["new_tokens"].sum() / theirs.sum(axis=0)
+        return [float(x) for x in tps / base_tps]
+
+
+def _timing(g: pd.DataFrame, base: pd.DataFrame, speedup: float) -> dict:
+    """Repeats, the spread of the run times (median and largest over the group's prompts) and the speedup's range."""
+    by_repeat = speedup_by_repeat(g, base)
+    spreads = g["time_spread"].dropna() if "time_spread" in g else pd.Series(dtype=float)
+    values = [v for v in [*(by_repeat or []), speedup] if not math.isnan(v)]
+    return {
+        "repeats": int(g["repeats"].min()) if "repeats" in g and len(g) else 1,
+        "time_spread": float(spreads.median()) if len(spreads) else None,
+        "time_spread_max": float(spreads.max()) if len(spreads) else None,
+        "speedup_by_repeat": by_repeat,
+        "speedup_range": [min(values), max(values)] if by_repeat is not None and values else None,
+    }
 
 
 def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
@@ -54,6 +129,7 @@ def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
     new_tokens, seconds = int(g["new_tokens"].sum()), float(g["seconds"].sum())
     base_tps = base["new_tokens"].sum() / base["seconds"].sum() if len(base) else math.nan
     decode_tps, base_decode_tps = _decode_tokens_per_s(g), _decode_tokens_per_s(base)
+    speedup = (new_tokens / seconds) / base_tps if seconds and base_tps else math.nan
     return {
         "prompts": int(len(g)),
         "acceptance_length": float(g["new_tokens"].sum() / g["target_forwards"].sum()),
@@ -62,9 +138,10 @@ def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
         "new_tokens": new_tokens,
         "seconds": seconds,
         "tokens_per_s": new_tokens / seconds if seconds else math.nan,
-        "speedup": (new_tokens / seconds) / base_tps if seconds and base_tps else math.nan,
+        "speedup": speedup,
         "decode_tokens_per_s": decode_tps,
         "decode_speedup": decode_tps / base_decode_tps if base_decode_tps else math.nan,
+        **_timing(g, base, speedup),
     }
 
 
@@ -84,7 +161,7 @@ def summarise(df: pd.DataFrame, k: int) -> dict:
         methods[method] = _aggregate(g, base, k)
         methods[method]["per_category"] = {
             category: {key: value for key, value in _aggregate(c, base[base["category"] == category], k).items()
-                       if key in ("prompts", "acceptance_length", "new_tokens", "speedup", "decode_speedup")}
+                       if key in ("prompts", "acceptance_length", "new_tokens", "speedup", "decode_speedup", "speedup_range")}
             for category, c in g.groupby("category", sort=True)}
     return methods
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -52,14 +53,51 @@ def serialise_sample(input_ids: list[int], loss_mask: list[int], states: list[to
 # ----------------------------------------------------------------------------- validation
 
 
+def manifest_rebuild_hint(path: str | Path) -> str:
+    """What brings back the shard of a manifest that does not parse (Snakemake takes any existing manifest
+    as a finished shard, so a plain re-run would fail the same way)."""
+    path = Path(path)
+    return (f"the shard is unusable and Snakemake takes it as finished while this file exists: rebuild it with "
+            f"`snakemake --forcerun {path}`, or delete {path.parent} and run `snakemake` (which re-extracts a "
+            "missing shard)")
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A shard's manifest.json; one that does not parse raises an InvalidJSONFileError (a ValueError) naming
+    it and the command that rebuilds the shard."""
+    return read_json(path, rebuild=manifest_rebuild_hint(path))
+
+
+def manifests_read_not_made(jobs, shards_root: str | Path) -> list[str]:
+    """The shard manifests (`shards_root/<dataset>/shard_<k>/manifest.json`) that some of `jobs` (Snakemake
+    jobs: .input, .output) read and none of them makes."""
+    root = os.path.abspath(shards_root)
+    made = {os.path.abspath(f) for job in jobs for f in job.output}
+    read = {os.path.abspath(f) for job in jobs for f in job.input} - made
+    return sorted(f for f in read if os.path.basename(f) == MANIFEST and os.path.dirname(os.path.dirname(os.path.dirname(f))) == root)
+
+
+def unreadable_manifests(paths) -> list[str]:
+    """For each existing manifest among `paths` that does not parse, the message naming it and its rebuild."""
+    problems = []
+    for path in paths:
+        try:
+            read_manifest(path)
+        except json.JSONDecodeError as e:
+            problems.append(str(e))
+        except FileNotFoundError:
+            pass
+    return problems
+
+
 def load_manifest(shard_dir: str | Path) -> dict:
     path = Path(shard_dir) / MANIFEST
     if not path.exists():
         raise ShardError(f"{shard_dir}: no {MANIFEST}; the shard is unfinished or was not extracted")
     try:
-        return read_json(path)
+        return read_manifest(path)
     except json.JSONDecodeError as e:
-        raise ShardError(f"{path}: manifest is not valid JSON: {e}") from e
+        raise ShardError(str(e)) from None
 
 
 def validate_shard(shard_dir: str | Path, samples: dict[str, list] | None = None, deep: bool = True) -> dict:
@@ -126,6 +164,6 @@ def shard_files(manifest_paths: list[str | Path]) -> list[str]:
     files = []
     for mp in manifest_paths:
         mp = Path(mp)
-        manifest = read_json(mp)
+        manifest = read_manifest(mp)
         files += [str(mp.parent / e["file"]) for e in manifest["samples"]]
     return files

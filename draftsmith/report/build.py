@@ -31,15 +31,18 @@ from draftsmith.report.load import (
 from draftsmith.report.render import plain_config, render_html, render_markdown
 from draftsmith.report.tables import (
     acceptance_by_category,
+    checksums,
     data_size_table,
     findings,
     fmt,
     inputs_table,
+    speed_table,
     stats_table,
     summary_table,
     training_table,
     versions_table,
 )
+from draftsmith.report.verdict import predicted_table, verdict_lines
 
 __all__ = ["FIGURES", "ReportInputError", "build_report", "fmt"]
 
@@ -61,35 +64,38 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
              len(shards_df))
     by_category = acceptance_by_category(per_prompt_df)
     data_size = data_size_table(load_training_data(training_data), methods)
+    training = training_table(metrics_df)
+    predicted = predicted_table(training, methods, summary_by_variant)
+    inputs = {"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
+              "offline reference summary": list(reference), "training metrics": list(metrics),
+              "draft config": list(drafts), "training data": list(training_data), "dataset stats": list(stats),
+              "shard manifest": list(manifests)}
     tables = {
         "summary": summary_table(methods),
+        "speed": speed_table(methods),
+        "predicted": predicted,
         "categories": by_category,
         "data_size": data_size,
-        "training": training_table(metrics_df),
+        "training": training,
         "drafts": load_drafts(drafts),
         "data": stats_table(stats_df),
         "shards": shards_df,
         "versions": versions_table(summary_by_variant, manifest_list),
-        "inputs": inputs_table({"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
-                                "training metrics": list(metrics), "draft config": list(drafts),
-                                "training data": list(training_data),
-                                "dataset stats": list(stats)}),
+        "inputs": inputs_table({kind: paths for kind, paths in inputs.items() if paths}),
     }
+    verdict = verdict_lines(summary_by_variant, methods, predicted, data_size)
     lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size)
     if reference:
         backends = backends_table(summaries, reference)
         tables["backends"] = backends.drop(columns="_differ")
-        tables["inputs"] = inputs_table({"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
-                                         "offline reference summary": list(reference), "training metrics": list(metrics),
-                                         "draft config": list(drafts), "training data": list(training_data),
-                                         "dataset stats": list(stats)})
         lines += backend_findings(backends)
     config_yaml = yaml.safe_dump(plain_config(config), sort_keys=False)
     title = "draftsmith report: EAGLE-3 draft " + ", ".join(sorted(summary_by_variant))
     with atomic_dir(figures_dir) as tmp:
         draw_figures(methods, per_prompt_df, metrics_df, stats_df, by_category, data_size, tmp)
-    write_text(out_html, render_html(title, lines, tables, figures_dir, config_yaml))
+    sums = checksums(tables["inputs"])
+    write_text(out_html, render_html(title, verdict, lines, tables, figures_dir, config_yaml, sums))
     figures_rel = Path(os.path.relpath(figures_dir, out_md.parent)).as_posix()
-    write_text(out_md, render_markdown(title, lines, tables, figures_rel, config_yaml))
+    write_text(out_md, render_markdown(title, verdict, lines, tables, figures_rel, config_yaml, sums))
     log.info("report written: %s, %s, %s", out_html, out_md, figures_dir)
     return tables

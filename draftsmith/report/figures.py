@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 FIGURES = {
     "acceptance_length": "Acceptance length (tokens per target forward) by method",
     "per_position_acceptance": "Acceptance rate by draft position",
-    "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy",
+    "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy, with its range over the timed runs",
     "training_loss": "Training loss per TTT step",
     "training_accuracy": "Training accuracy per TTT step",
     "acceptance_by_category": "Acceptance length per prompt category",
@@ -80,16 +80,22 @@ def plot_throughput(methods: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     sns.barplot(methods, x="method", y="tokens_per_s", hue="variant", order=order, hue_order=variants,
                 errorbar=None, ax=ax)
-    speedup = methods.set_index(["variant", "method"])["speedup"]
+    indexed = methods.set_index(["variant", "method"])
     for variant, container in zip(variants, ax.containers):  # one container per variant, in hue order
         labels = []
         for bar in container:
             method = order[round(bar.get_x() + bar.get_width() / 2)]
-            value = speedup.get((variant, method))
-            labels.append(f"{value:.2f}×" if value is not None and pd.notna(value) else "")
+            if (variant, method) not in indexed.index or pd.isna(indexed.loc[(variant, method), "speedup"]):
+                labels.append("")
+                continue
+            r = indexed.loc[(variant, method)]
+            low, high = r.get("speedup_low"), r.get("speedup_high")
+            spread = f"\n{low:.2f}–{high:.2f}" if method != BASELINE and pd.notna(low) and pd.notna(high) else ""
+            labels.append(f"{r['speedup']:.2f}×{spread}")
         ax.bar_label(container, labels=labels, fontsize=8, padding=2)
     ax.set_xticks(range(len(order)), [method_label(m) for m in order])
-    ax.set(xlabel="", ylabel="generated tokens/s", title="Throughput (labels: speedup over target-only greedy)")
+    ax.set(xlabel="", ylabel="generated tokens/s",
+           title="Throughput (labels: speedup over target-only greedy; below it, its range over the timed runs)")
     ax.margins(y=0.12)
     _save(fig, path)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from pathlib import Path
 
 import pandas as pd
 
-from draftsmith.io import read_json, sha256_file
+from draftsmith.extraction.shards import manifest_rebuild_hint
+from draftsmith.io import InvalidJSONFileError, read_json, sha256_file
 
 SUMMARY_FIELDS = ["prompts", "acceptance_length", "per_position_acceptance", "tokens_per_s", "speedup"]
 PER_PROMPT_COLUMNS = ["variant", "backend", "method", "prompt_id", "category", "new_tokens", "target_forwards",
@@ -35,8 +36,10 @@ def _require(record: dict, fields, where: str) -> None:
 
 def _read_json(path, where_kind: str) -> dict:
     try:
-        return read_json(path)
-    except (OSError, json.JSONDecodeError) as e:
+        return read_json(path, rebuild=manifest_rebuild_hint(path) if where_kind == "shard manifest" else None)
+    except InvalidJSONFileError as e:
+        raise ReportInputError(f"cannot read {where_kind}: {e}") from e
+    except OSError as e:
         raise ReportInputError(f"{path}: cannot read {where_kind}: {e}") from e
 
 
@@ -49,6 +52,10 @@ def _read_csv(path, columns: list[str]) -> pd.DataFrame:
     if missing:
         raise ReportInputError(f"{path}: missing column(s) {', '.join(missing)}")
     return df
+
+
+def _float(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
@@ -81,6 +88,12 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                                            if d and d.get("logit_gap") is not None), default=None),
                 "cost_ratio": (m.get("step_costs") or {}).get("cost_ratio"),
                 "ideal_speedup": m.get("ideal_speedup"),
+                # timing (draftsmith.benchmark.results): absent or null where one run was timed (the vLLM backend)
+                "repeats": m.get("repeats") or 1,
+                "time_spread": _float(m.get("time_spread")),
+                "speedup_low": _float((m.get("speedup_range") or [None, None])[0]),
+                "speedup_high": _float((m.get("speedup_range") or [None, None])[1]),
+                "unrepeatable_count": len(m.get("unrepeatable_prompts") or []),
             })
     if not rows:
         raise ReportInputError("no benchmark summaries were given")

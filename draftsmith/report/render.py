@@ -11,16 +11,19 @@ from pathlib import Path
 import pandas as pd
 
 from draftsmith.report.figures import FIGURES
-from draftsmith.report.tables import display
+from draftsmith.report.tables import FEW_MARK, MIN_CATEGORY_PROMPTS, display
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
 color:#222;line-height:1.45}
 h1{border-bottom:2px solid #444}h2{margin-top:2em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em;max-width:100%}
 th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right;vertical-align:top}
 th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
+td.long{overflow-wrap:anywhere;text-align:left;font-size:.92em}
 .findings{background:#f6f8fa;border-left:4px solid #4c72b0;padding:.5em 1em}
+.verdict{background:#fff8e6;border-left:4px solid #dd8452;padding:.5em 1em}
+details{margin:0 0 1.5em}details pre{white-space:pre-wrap;overflow-wrap:anywhere}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}
 figcaption{font-size:.9em;color:#555}
 pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:.85em}
@@ -32,11 +35,28 @@ SECTIONS = [
      "Acceptance length = generated tokens per target forward (the bonus token included). Per-position "
      "acceptance = fraction of drafts whose first i tokens were all accepted; tokens per drafted round = 1 + "
      "accepted draft tokens per draft (the acceptance length papers report). Speedup = tokens/s over "
-     "target-only greedy decoding on the same prompts; after the first token = the same for the tokens after "
-     "each prompt's first (the prompt's forward, paid once by every method, left out; offline backend only)."),
+     "target-only greedy decoding on the same prompts, from each prompt's median time over its timed runs."),
+    ("speed", "Timing and how far to trust it",
+     "The offline backend decodes each prompt benchmark.repeats times with every method after an untimed warm-up, "
+     "the methods interleaved in an order rotated per prompt and run; a prompt's time is the median of its runs. "
+     "Speedup range = the lowest and highest speedup of a single run over all prompts (with the median-based "
+     "speedup): methods are ranked only where these ranges are apart. Timing spread = (slowest - fastest run) / "
+     "median run of one prompt, the median over prompts. After the first token = the speedup of the tokens after "
+     "each prompt's first (the prompt's forward, paid once by every method, left out; offline only). c and "
+     "τ/(1+k·c): the cost model of a round (k draft steps and one target step), from the median of 20 timed steps. "
+     "A vLLM benchmark times one run per method: its spread and range are unknown (—)."),
+    ("predicted", "What validation predicted, what the benchmark measured",
+     "Validation full accuracy of TTT step i (training, last validation row) = the fraction of held-out training "
+     "positions where the draft's tokens of steps 0..i were all the target's greedy tokens, the draft fed the "
+     "target's hidden states of the training text. Per-position acceptance i + 1 is the same fraction measured while "
+     "decoding the benchmark prompts. So validation predicts 1 + a0 + a1 + ... tokens per drafted round (the "
+     "accuracies are cumulative: in conditional accuracies c, 1 + c0 + c0·c1 + ...). Both are counts, not timings: a "
+     "gap means the benchmark prompts differ from the training data, or training and decoding disagree."),
     ("categories", "Acceptance length per prompt category",
      "Generated tokens per target forward over each category's prompts (MT-Bench's categories, or the "
-     "synthetic task families), per method and variant; prompts = prompts in the category."),
+     "synthetic task families), per method and variant; prompts = prompts in the category. "
+     f"{FEW_MARK} fewer than {MIN_CATEGORY_PROMPTS} prompts: too few for the category's figure to stand for the "
+     "category, and left out when categories are compared."),
     ("data_size", "Training data and acceptance",
      "Each variant's training set (the datasets it trains on, and data_fraction of their training samples; "
      "variants on the same datasets share their validation samples) and its trained draft's acceptance "
@@ -48,7 +68,8 @@ SECTIONS = [
     ("shards", "Hidden-state shards",
      "One row per shard; the manifest checksum covers the sha256 of every sample file it lists."),
     ("versions", "Package versions and devices", ""),
-    ("inputs", "Input files", "Every file this report was built from, with its sha256."),
+    ("inputs", "Input files", "Every file this report was built from, with the first digits of its sha256; the "
+                               "full checksums follow, for sha256sum -c."),
 ]
 # sections shown only when their table exists, after the section named second
 OPTIONAL_SECTIONS = [
@@ -66,10 +87,11 @@ FIGURE_SECTIONS = {
 
 
 def sections(tables: dict) -> list[tuple[str, str, str]]:
-    """SECTIONS, with each optional section whose table exists placed after its anchor."""
+    """SECTIONS whose table exists, with each optional section whose table exists placed after its anchor."""
     out = []
     for section in SECTIONS:
-        out.append(section)
+        if section[0] in tables:
+            out.append(section)
         out += [(key, heading, note) for key, after, heading, note in OPTIONAL_SECTIONS if after == section[0] and key in tables]
     return out
 
@@ -81,18 +103,45 @@ def _md_inline(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
 
 
-def render_html(title: str, lines: list[str], tables: dict[str, pd.DataFrame], figures_dir: Path,
-                config_yaml: str) -> str:
+# a cell this long without a space gets class "long": it may break anywhere, so its table fits the page
+LONG_CELL = 24
+
+
+def html_table(df: pd.DataFrame, table_id: str) -> str:
+    """A display table as HTML; cells with long unbroken text (paths, ids) wrap anywhere instead of widening it."""
+    shown = display(df)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    rows = []
+    for values in shown.itertuples(index=False, name=None):
+        cells = []
+        for v in values:
+            long = any(len(word) > LONG_CELL for word in v.split())
+            cells.append(f"<td class='long'>{html.escape(v)}</td>" if long else f"<td>{html.escape(v)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (f"<table id='{table_id}'>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows)
+            + "\n</tbody>\n</table>")
+
+
+def render_html(title: str, verdict: list[tuple[str, list[str]]], lines: list[str], tables: dict[str, pd.DataFrame], figures_dir: Path,
+                config_yaml: str, checksums: str = "") -> str:
     parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
-             "<h2 id='what-this-means'>What this means</h2><div class='findings'><ul>"]
+             "<h2 id='verdict'>Verdict</h2><div class='verdict'><ul>"]
+    for head, grounds in verdict:
+        parts.append(f"<li>{_md_inline(head)}<ul>" + "".join(f"<li>{_md_inline(g)}</li>" for g in grounds)
+                     + "</ul></li>")
+    parts.append("</ul></div>")
+    parts.append("<h2 id='what-this-means'>What this means</h2><div class='findings'><ul>")
     parts += [f"<li>{_md_inline(line)}</li>" for line in lines]
     parts.append("</ul></div>")
     for key, heading, note in sections(tables):
         parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2>")
         if note:
             parts.append(f"<p>{html.escape(note)}</p>")
-        parts.append(display(tables[key]).to_html(index=False, table_id=f"table-{key}", border=0, na_rep="—"))
+        parts.append(html_table(tables[key], f"table-{key}"))
+        if key == "inputs" and checksums:
+            parts.append(f"<details id='checksums'><summary>Full sha256 of every input</summary>"
+                         f"<pre>{html.escape(checksums)}</pre></details>")
         for name in FIGURE_SECTIONS.get(key, []):
             data = base64.b64encode((figures_dir / f"{name}.png").read_bytes()).decode("ascii")
             parts.append(f"<figure id='figure-{name}'><img alt='{html.escape(FIGURES[name])}' "
@@ -107,14 +156,19 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(title: str, lines: list[str], tables: dict[str, pd.DataFrame], figures_rel: str,
-                    config_yaml: str) -> str:
-    parts = [f"# {title}", "", "## What this means", ""] + [f"- {line}" for line in lines]
+def render_markdown(title: str, verdict: list[tuple[str, list[str]]], lines: list[str], tables: dict[str, pd.DataFrame],
+                    figures_rel: str, config_yaml: str, checksums: str = "") -> str:
+    parts = [f"# {title}", "", "## Verdict", ""]
+    for head, grounds in verdict:
+        parts += [f"- {head}"] + [f"  - {g}" for g in grounds]
+    parts += ["", "## What this means", ""] + [f"- {line}" for line in lines]
     for key, heading, note in sections(tables):
         parts += ["", f"## {heading}", ""]
         if note:
             parts += [note, ""]
         parts.append(display(tables[key]).map(_md_cell).to_markdown(index=False, disable_numparse=True))
+        if key == "inputs" and checksums:
+            parts += ["", "Full sha256 of every input:", "", "```", checksums.rstrip(), "```"]
         for name in FIGURE_SECTIONS.get(key, []):
             parts += ["", f"![{FIGURES[name]}]({figures_rel}/{name}.png)"]
     parts += ["", "## Workflow configuration", "", "```yaml", config_yaml.rstrip(), "```", ""]

@@ -19,6 +19,11 @@ METHOD_LABELS = {
     "eagle3_draft": "trained EAGLE-3 draft",
 }
 
+# a category with fewer prompts is marked in the categories table and left out when categories are compared
+MIN_CATEGORY_PROMPTS = 3
+FEW_MARK = "†"
+
+
 def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
@@ -28,9 +33,14 @@ def method_order(methods) -> list[str]:
     return [m for m in METHODS if m in present] + [m for m in present if m not in METHODS]
 
 
-def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
+def by_variant_and_method(methods: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by variant, then method in the report's order."""
     order = {m: i for i, m in enumerate(method_order(methods["method"]))}
-    df = methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+    return methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+
+
+def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
+    df = by_variant_and_method(methods)
     return pd.DataFrame({
         "variant": df["variant"],
         "backend": df["backend"],
@@ -41,10 +51,25 @@ def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
         "tokens per drafted round": df["tokens_per_drafted_round"],
         "tokens/s": df["tokens_per_s"],
         "speedup": df["speedup"],
+        "lossless": df["lossless"],
+    }).reset_index(drop=True)
+
+
+def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
+    """Per (variant, method): how the speed was measured and how much to trust it (runs per prompt, the speedup's
+    range over the runs, the spread of a prompt's run times), with the first-token-free speedup and the cost model."""
+    df = by_variant_and_method(methods)
+    return pd.DataFrame({
+        "variant": df["variant"],
+        "method": df["method"],
+        "timed runs per prompt": df["repeats"],
+        "speedup": df["speedup"],
+        "speedup range over the runs": [None if pd.isna(lo) or pd.isna(hi) else (lo, hi)
+                                        for lo, hi in zip(df["speedup_low"], df["speedup_high"])],
+        "timing spread (median)": df["time_spread"],
         "speedup after the first token": df["decode_speedup"],
         "c = draft step / target step": df["cost_ratio"],
         "ideal speedup τ/(1+k·c)": df["ideal_speedup"],
-        "lossless": df["lossless"],
     }).reset_index(drop=True)
 
 
@@ -61,7 +86,15 @@ def acceptance_by_category(per_prompt: pd.DataFrame) -> pd.DataFrame:
                 columns[f"{method_label(method)} ({variant})"] = sums["new_tokens"] / sums["target_forwards"]
     table = pd.DataFrame(columns)
     table.insert(0, "prompts", per_prompt[per_prompt["method"] == BASELINE].groupby("category")["prompt_id"].nunique())
-    return table.rename_axis("category").reset_index()
+    table = table.rename_axis("category").reset_index()
+    few = table["prompts"] < MIN_CATEGORY_PROMPTS
+    table["category"] = [f"{c} {FEW_MARK}" if f else c for c, f in zip(table["category"], few)]
+    return table
+
+
+def category_name(label: str) -> str:
+    """A category label of the categories table without its few-prompts mark."""
+    return label.removesuffix(f" {FEW_MARK}")
 
 
 def data_size_table(training_data: pd.DataFrame, methods: pd.DataFrame) -> pd.DataFrame:
@@ -139,6 +172,11 @@ def inputs_table(groups: dict[str, list]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def checksums(inputs: pd.DataFrame) -> str:
+    """The inputs' full sha256 in `sha256sum` format (`sha256sum -c` checks them); tables show a prefix only."""
+    return "".join(f"{r['sha256']}  {r['file']}\n" for r in inputs.to_dict("records"))
+
+
 def fmt(value, digits: int = 3) -> str:
     """One formatting for every number in the report (tables and text alike)."""
     if isinstance(value, np.generic):
@@ -158,12 +196,28 @@ def fmt(value, digits: int = 3) -> str:
 
 # digits per table column; other float columns get 3
 DIGITS = {"tokens/s": 1, "speedup": 2, "speedup after the first token": 2, "ideal speedup τ/(1+k·c)": 2,
-          "final train loss": 4, "final val loss": 4}
+          "final train loss": 4, "final val loss": 4, "speedup range over the runs": 2,
+          "predicted tokens per drafted round": 2, "tokens per drafted round (benchmark)": 2}
+PERCENT = {"timing spread (median)"}  # fractions shown as percentages
+RANGES = {"speedup range over the runs"}  # (low, high) pairs shown as "low–high"
+SHORT_SHA = 12  # hex digits of a sha256 shown in tables (the full ones: `checksums`)
+
+
+def _cell(col: str, value) -> str:
+    digits = DIGITS.get(col, 3)
+    if col in RANGES and isinstance(value, (list, tuple)):
+        return f"{fmt(value[0], digits)}–{fmt(value[1], digits)}"
+    if col in PERCENT and isinstance(value, (int, float, np.generic)) and not pd.isna(value):
+        return f"{fmt(100 * float(value), 0)}%"
+    if col.endswith("sha256") and isinstance(value, str) and len(value) == 64:
+        return value[:SHORT_SHA] + "…"
+    return fmt(value, digits)
 
 
 def display(df: pd.DataFrame) -> pd.DataFrame:
-    """Strings for every cell, numbers formatted by `fmt` with the column's digits."""
-    return pd.DataFrame({col: [fmt(v, DIGITS.get(col, 3)) for v in df[col]] for col in df.columns}, index=df.index)
+    """Strings for every cell, numbers formatted by `fmt` with the column's digits (ranges as low–high, spreads as
+    percentages, sha256 values shortened to a prefix)."""
+    return pd.DataFrame({col: [_cell(col, v) for v in df[col]] for col in df.columns}, index=df.index)
 
 
 def _method_values(methods: pd.DataFrame, variant: str) -> dict[str, dict]:
@@ -171,12 +225,22 @@ def _method_values(methods: pd.DataFrame, variant: str) -> dict[str, dict]:
 
 
 def category_findings(by_category: pd.DataFrame) -> list[str]:
+    """The categories where the trained draft accepts most and least, among those with enough prompts."""
     lines = []
+    if by_category.empty or "prompts" not in by_category:
+        return lines
+    enough = by_category[by_category["prompts"] >= MIN_CATEGORY_PROMPTS]
+    few = len(by_category) - len(enough)
     for col in (c for c in by_category.columns if c.startswith(method_label("eagle3_draft"))):
-        if by_category["category"].nunique() > 1 and by_category[col].notna().any():
-            best, worst = by_category.loc[by_category[col].idxmax()], by_category.loc[by_category[col].idxmin()]
+        if enough["category"].nunique() > 1 and enough[col].notna().any():
+            best, worst = enough.loc[enough[col].idxmax()], enough.loc[enough[col].idxmin()]
             lines.append(f"By prompt category, the {col} accepts most on `{best['category']}` "
-                         f"({fmt(best[col], 2)}) and least on `{worst['category']}` ({fmt(worst[col], 2)}).")
+                         f"({fmt(best[col], 2)}) and least on `{worst['category']}` ({fmt(worst[col], 2)})"
+                         + (f", among the categories with {MIN_CATEGORY_PROMPTS} or more prompts" if few else "") + ".")
+    if few and by_category["category"].nunique() > 1:
+        lines.append(f"{fmt(few)} of {fmt(len(by_category))} prompt categories have fewer than {MIN_CATEGORY_PROMPTS} "
+                     f"prompts (marked {FEW_MARK}): their per-category figures rest on too few prompts to compare "
+                     f"categories" + ("." if len(enough) > 1 else ", so no category is ranked."))
     return lines
 
 
@@ -212,9 +276,12 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
         speedup = draft["speedup"]
         if speedup is not None and pd.notna(speedup) and BASELINE in m:
             slower = ", i.e. slower" if speedup < 1 else ""
+            low, high = draft.get("speedup_low"), draft.get("speedup_high")
+            runs = (f", {fmt(low, 2)}–{fmt(high, 2)}× over {int(draft['repeats'])} timed runs"
+                    if low is not None and pd.notna(low) and pd.notna(high) else "")
             text += (f"; speculative decoding ran at {fmt(speedup, 2)}× the speed of target-only greedy decoding"
                      f"{slower} ({fmt(draft['tokens_per_s'], 1)} vs {fmt(m[BASELINE]['tokens_per_s'], 1)} tokens/s"
-                     f" on {s['device']})")
+                     f" on {s['device']}{runs})")
         ideal = draft.get("ideal_speedup")
         if ideal is not None and pd.notna(ideal):
             text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, and with k = "
@@ -229,6 +296,11 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
                          f"token's by at most {fmt(gap, 3)}; 0 is an exact tie)")
         elif draft.get("lossless") is True:
             text += "; its output matched target-only greedy on every prompt"
+        unrepeatable = [f"{method_label(r['method'])} on {fmt(int(r['unrepeatable_count']))}"
+                        for r in m.values() if r.get("unrepeatable_count")]
+        if unrepeatable:
+            text += (f"; **a later timed run decoded other tokens than the first ({', '.join(unrepeatable)} prompts): "
+                     f"greedy decoding should repeat exactly**")
         lines.append(text + ".")
     if len(summaries) > 1:
         drafts = methods[methods["method"] == "eagle3_draft"].sort_values("acceptance_length", ascending=False)

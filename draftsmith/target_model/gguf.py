@@ -20,13 +20,12 @@ merges and special tokens, no bos added, eos = pad = `<|im_end|>`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from importlib import metadata
 from pathlib import Path
 
-from draftsmith.io import _UMASK, atomic_dir, packaged_file, sha256_file, write_json
+from draftsmith.io import _UMASK, atomic_dir, forcerun_hint, packaged_file, read_json, sha256_file, write_json
 from draftsmith.provenance import record_files
 
 log = logging.getLogger(__name__)
@@ -226,4 +225,4 @@ def import_and_load(out_dir: str | Path, gguf_path: str | Path | None = None,
 
 def read_provenance(target_dir: str | Path) -> dict | None:
     path = Path(target_dir) / PROVENANCE_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, rebuild=forcerun_hint(target_dir)) if path.is_file() else None

@@ -7,9 +7,22 @@ draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
   means a CUDA device; draftsmith passes a `torch.device` instead.
 - Resume: the single-process checkpointer loads onto "cuda:0"; draftsmith's subclass loads
   onto the training device. Checkpoints are written to a staging directory and renamed, so a
-  job killed while saving leaves no half-written epoch to resume from. The state directory
+  job killed while saving leaves no half-written epoch to resume from; a save that fails for want
+  of disk space (torch.save says only "enforce fail at inline_container.cc") is reported as
+  "No space left on device", naming the path and the bytes needed. The state directory
   (`draftsmith.training.state`) records a fingerprint of the training inputs; a run resumes
   only when they are unchanged.
+- Exact resume: speculators 0.3.0 saves weights and Adam state (its step counter included) in
+  bfloat16, saves no RNG state, restarts the step counter, and its scheduler set-up overwrites the
+  resumed optimizer's learning rate with the schedule's value at step `epoch`. draftsmith's
+  checkpointers keep `model.safetensors` as speculators writes it (bfloat16: the served draft) and
+  add `resume/model.safetensors` in the model's own dtype, write the optimizer state undemoted,
+  and save per rank the torch CPU/CUDA, Python and NumPy RNG states, the global step and the
+  learning rates, restored just before the first resumed epoch. The uniform noise on the
+  auxiliary states is drawn per sample from a generator seeded by (seed, epoch, sample index),
+  not from the process-wide generator (DataLoader workers' generators cannot be saved), so it
+  is the same in a resumed run whatever the worker count. On CPU a resumed run reproduces an
+  uninterrupted one bit for bit.
 - Metrics: the Trainer logs to the `speculators.metrics` logger; a handler writes them to a
   CSV (per step and per epoch) and drives a plain tqdm bar.
 - Matmul precision: the draft trains in float32, and PyTorch's default runs float32 matmuls
@@ -22,6 +35,8 @@ the final norm (speculators 0.3.0's own generator stored it before the norm).
 from __future__ import annotations
 
 import csv
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -30,22 +45,30 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from draftsmith.extraction.shards import shard_files, validate_shard
-from draftsmith.io import read_json, write_json
+from draftsmith.extraction.shards import read_manifest, shard_files, validate_shard
+from draftsmith.io import write_json
 from draftsmith.provenance import same_model
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.state import (
     CHECKPOINTS,
     METRICS,
+    RESUME_DIR,
+    RESUME_FORMAT,
+    RESUME_MARKER,
+    RESUME_WEIGHTS,
     drop_metrics_from,
     export_checkpoint,
+    inexact_resume_reason,
     prepare_state,
+    resume_rank_file,
     training_fingerprint,
 )
 from draftsmith.vocab import load_vocab_map
@@ -65,7 +88,7 @@ def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor
     fingerprint = target.fingerprint()
     facts = None
     for path in manifest_paths:
-        m = read_json(path)
+        m = read_manifest(path)
         mine = {"aux_layer_ids": m["aux_layer_ids"], "hidden_size": m["hidden_size"]}
         if not same_model(m["model"], fingerprint):
             raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target.model}")
@@ -98,7 +121,7 @@ def split_train_val(files: list[str], lengths: list[int], val_fraction: float, s
 def training_split(manifest_paths: list[str], cfg: dict):
     """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
     `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
-    manifests = [read_json(p) for p in manifest_paths]
+    manifests = [read_manifest(p) for p in manifest_paths]
     files = shard_files(manifest_paths)
     lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
     (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
@@ -109,15 +132,77 @@ def training_split(manifest_paths: list[str], cfg: dict):
     return manifests, (train_files, train_lengths), val
 
 
+def noise_seed(seed: int, epoch: int, index: int) -> int:
+    digest = hashlib.sha256(f"draftsmith-noise:{seed}:{epoch}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class SampleSeededNoise:
+    """speculators' `AddUniformNoise` (`x + 2 * (U[0, 1) - 0.5) * std` on the named tensors, applied by its dataset
+    before the one-token shift) with the random numbers drawn from a generator seeded by (seed, epoch, sample index)
+    instead of the process-wide torch generator, so the noise a sample gets in an epoch does not depend on what ran
+    before: not on the epochs a resumed run skipped, nor on which DataLoader worker (each with its own generator,
+    which cannot be saved) loads it.
+
+    `key` is (epoch, index), set by `SampleKeyedDataset` around each load; with no key (the dataset's own length
+    probe at construction) no noise is added."""
+
+    def __init__(self, std: float, seed: int, tensors=("hidden_states",)):
+        self.std, self.seed, self.tensors, self.key = std, seed, tensors, None
+
+    def __call__(self, data):
+        if self.key is None:
+            return data
+        generator = torch.Generator().manual_seed(noise_seed(self.seed, *self.key))
+        for name in self.tensors:
+            x = data[name]
+            data[name] = x + 2 * (torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5) * self.std
+        return data
+
+
+class SampleKeyedDataset(torch.utils.data.Dataset):
+    """Loads `(epoch, index)` keys from `EpochTaggedBatchSampler`: sets the noise key, then loads sample `index`."""
+
+    def __init__(self, dataset, noise: SampleSeededNoise):
+        self.dataset, self.noise = dataset, noise
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        self.noise.key = key
+        try:
+            return self.dataset[key[1]]
+        finally:
+            self.noise.key = None
+
+
+class EpochTaggedBatchSampler(torch.utils.data.Sampler):
+    """The batches of speculators' epoch-seeded sampler, each index tagged with the epoch: `[(epoch, index), ...]`."""
+
+    def __init__(self, batch_sampler):
+        self.batch_sampler, self.epoch = batch_sampler, 0
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+        self.batch_sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        epoch = self.epoch
+        return ([(epoch, int(i)) for i in batch] for batch in self.batch_sampler)
+
+
 def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory):
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-    from speculators.train.noise_transforms import AddUniformNoise
     from torch.utils.data import DataLoader
 
     # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
-    transform = AddUniformNoise(std=noise_std, tensors=("hidden_states",)) if noise_std > 0 else None
-    dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=files, transform=transform)
+    noise = SampleSeededNoise(noise_std, seed, tensors=("hidden_states",)) if noise_std > 0 else None
+    dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=files, transform=noise)
     sampler = MultipackDistributedBatchSamplerV2(
         batch_max_length=total_seq_length,
         lengths=[n - 1 for n in lengths],  # exact lengths from the manifests (after the one-token shift)
@@ -125,6 +210,8 @@ def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, s
         rank=rank,
         seed=seed,
     )
+    if noise is not None:
+        dataset, sampler = SampleKeyedDataset(dataset, noise), EpochTaggedBatchSampler(sampler)
     return DataLoader(
         dataset,
         batch_sampler=sampler,
@@ -168,41 +255,219 @@ class MetricsCSV(logging.Handler):
             csv.writer(f).writerow([row.get(c, "") for c in self.columns])
 
 
+def rng_states(device: torch.device) -> dict:
+    """Every process-wide RNG state the remaining epochs could draw from (in types `torch.load(weights_only=True)` reads)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
+              "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states: dict, device: torch.device) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    n = states["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def write_checkpoint_files(model, model_state: dict, optimizer_state: dict, directory: Path, optimizer_path: Path,
+                           float_dtype: torch.dtype) -> None:
+    """What speculators' checkpointers write, plus the full-precision weights; the optimizer state is not demoted."""
+    from safetensors.torch import save_file
+    from speculators.train.checkpointer import convert_float_dtype
+
+    # the served draft, exactly as speculators 0.3.0 writes it (bfloat16 by default)
+    model.save_pretrained(directory, state_dict=convert_float_dtype(model_state, float_dtype))
+    skip = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # the verifier's lm_head, rebuilt from the target
+    (directory / RESUME_DIR).mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items() if k not in skip},
+              directory / RESUME_DIR / RESUME_WEIGHTS)
+    torch.save(optimizer_state, optimizer_path)
+
+
+def load_full_weights(model, path: Path, device: str) -> dict:
+    """The full-precision weights of a checkpoint, checked to cover the model (all but the keys it never saves)."""
+    from speculators.train.checkpointer import load_safetensors_state_dict
+
+    state = load_safetensors_state_dict(path, device)
+    expected = set(model.state_dict()) - set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    if set(state) != expected:
+        raise RuntimeError(f"{path}: weights do not match the model (missing {sorted(expected - set(state))}, "
+                           f"unexpected {sorted(set(state) - expected)})")
+    return state
+
+
+def checkpoint_bytes(model, optimizer) -> int:
+    """About what one checkpoint takes (write_checkpoint_files): the served weights in bfloat16, the weights and the
+    optimizer state in their own dtypes."""
+    weights = list(model.state_dict().values())
+    optimizer_tensors = [v for state in optimizer.state_dict().get("state", {}).values() for v in state.values()
+                         if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * 2 for t in weights if t.is_floating_point()) + sum(
+        t.numel() * t.element_size() for t in weights + optimizer_tensors)
+
+
+def _chain(error: BaseException):
+    """`error` and the exceptions it was raised from or while handling."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            todo += [e.__cause__, e.__context__]
+
+
+def _names_enospc(error: BaseException) -> bool:
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               or "os error 28" in str(e) for e in _chain(error))
+
+
+@contextmanager
+def checkpoint_disk_errors(target: Path, needed_bytes, epoch: int):
+    """Around the save of one checkpoint into `target` (a staging directory): a failure removes the partial
+    save and, when it was for want of space (ENOSPC anywhere in the error's chain, or less room left on the
+    filesystem than the checkpoint needs), re-raises it as OSError(ENOSPC) naming the path and the bytes
+    needed. torch.save's own error on a full disk says only "enforce fail at inline_container.cc"."""
+    try:
+        yield
+    except Exception as e:
+        # the finished frames of the failed save hold its open files (torch.save's writer): let them go, so that the
+        # partial save's space comes back and the free space below is what the next attempt will find
+        for error in _chain(e):
+            traceback.clear_frames(error.__traceback__)
+        shutil.rmtree(target, ignore_errors=True)  # nothing half-written left
+        existing = next((p for p in (target, *target.parents) if p.exists()), Path("/"))
+        free = shutil.disk_usage(existing).free
+        try:
+            needed = int(needed_bytes())
+        except Exception:  # noqa: BLE001 - the estimate must not hide the original error
+            needed = 0
+        if _names_enospc(e) or free < needed:
+            raise OSError(errno.ENOSPC, f"No space left on device: saving the checkpoint of epoch {epoch} into {target} "
+                          f"needs about {needed} bytes, {free} are free there ({type(e).__name__}: {e}). Earlier "
+                          "checkpoints are intact: free space and re-run, and training resumes from the last one",
+                          str(target)) from e
+        raise
+
+
 def make_trainer_class():
-    from speculators.train.checkpointer import SingleGPUCheckpointer, convert_float_dtype, load_safetensors_state_dict
+    import torch.distributed as dist
+    from speculators.train.checkpointer import DistributedCheckpointer, SingleGPUCheckpointer
     from speculators.train.trainer import Trainer
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     class DeviceCheckpointer(SingleGPUCheckpointer):
-        """Loads single-process checkpoints onto the training device (0.3.0 hard-codes cuda:0)."""
+        """Loads single-process checkpoints onto the training device (0.3.0 hard-codes cuda:0), in full precision."""
 
         device = "cpu"
 
         def load_model_state_dict(self, model, float_dtype=None):
-            state = load_safetensors_state_dict(self.model_path(self.previous_epoch), str(self.device))
-            model.load_state_dict(convert_float_dtype(state, float_dtype or model.dtype), strict=False)
+            path = self.path / str(self.previous_epoch) / RESUME_DIR / RESUME_WEIGHTS
+            model.load_state_dict(load_full_weights(model, path, str(self.device)), strict=False)
 
         def load_optimizer_state_dict(self, model, optimizer, float_dtype=None):
-            state = torch.load(self.optimizer_path(self.previous_epoch), weights_only=True, map_location=self.device)
-            optimizer.load_state_dict(convert_float_dtype(state, float_dtype or model.dtype))
+            optimizer.load_state_dict(torch.load(self.optimizer_path(self.previous_epoch), weights_only=True,
+                                                 map_location=self.device))
+
+        def save_checkpoint(self, model, optimizer, epoch, float_dtype=torch.bfloat16):
+            write_checkpoint_files(model, model.state_dict(), optimizer.state_dict(), self.path / str(epoch),
+                                   self.optimizer_path(epoch), float_dtype)
+
+    class FullPrecisionDistributedCheckpointer(DistributedCheckpointer):
+        """speculators 0.3.0's FSDP checkpointer without the demotion to bfloat16 (same state-dict calls otherwise)."""
+
+        def load_model_state_dict(self, model, float_dtype=None):
+            path = self.path / str(self.previous_epoch) / RESUME_DIR / RESUME_WEIGHTS
+            set_model_state_dict(model, load_full_weights(model, path, "cpu"),
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False))
+            dist.barrier()
+
+        def load_optimizer_state_dict(self, model, optimizer, float_dtype=None):
+            state = torch.load(self.optimizer_path(self.previous_epoch), mmap=True, weights_only=True, map_location="cpu")
+            set_optimizer_state_dict(model, optimizer, state,
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            dist.barrier()
+
+        def save_checkpoint(self, model, optimizer, epoch, float_dtype=torch.bfloat16):
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model_state = get_model_state_dict(model, options=options)
+            optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+            if dist.get_rank() == 0:
+                write_checkpoint_files(model, model_state, optimizer_state, self.path / str(epoch),
+                                       self.optimizer_path(epoch), float_dtype)
+            dist.barrier()
 
     class DraftTrainer(Trainer):
         def setup_trainer(self):
-            if not self.is_distributed:
+            if self.is_distributed:
+                self.checkpointer = FullPrecisionDistributedCheckpointer(self.config.save_path)
+            else:
                 self.checkpointer = DeviceCheckpointer(self.config.save_path)
                 self.checkpointer.device = self.config.local_rank
+            self.rank = torch.distributed.get_rank() if self.is_distributed else 0
+            self.device = torch.device(self.config.local_rank)
             super().setup_trainer()
-            # 0.3.0 restarts the step counter at 0 on resume; keep steps global across runs
-            self.global_step = self.current_epoch * len(self.train_loader)
+            self.resume_state = None
+            if self.resume_from_checkpoint and self.checkpointer.previous_epoch != -1:
+                self.resume_state = self.load_resume_state()
+                # 0.3.0 restarts the step counter at 0 on resume (and epochs differ in length): restore it
+                self.global_step = self.resume_state["global_step"]
+
+        def load_resume_state(self) -> dict:
+            # prepare_state has already started afresh from any checkpoint this would refuse
+            reason = inexact_resume_reason(self.checkpointer.path, self.device.type)
+            if reason is not None:
+                raise RuntimeError(f"refusing to resume: {reason}")
+            return torch.load(self.checkpointer.prev_path / RESUME_DIR / resume_rank_file(self.rank),
+                              weights_only=True, map_location="cpu")
+
+        def run_training(self):
+            if self.resume_state is not None:
+                # 0.3.0 builds the resumed scheduler with last_epoch=<epoch>, which sets the lr to the schedule's
+                # value at step <epoch> until its first step; the checkpoint's learning rates are the right ones
+                for group, lr in zip(self.opt.param_groups, self.resume_state["lrs"], strict=True):
+                    group["lr"] = lr
+                set_rng_states(self.resume_state["rng"], self.device)  # last: nothing may draw after it
+            super().run_training()
 
         def save_checkpoint(self, epoch: int):
+            # everything the remaining epochs depend on besides weights, optimizer and scheduler, taken first
+            resume = {"format": RESUME_FORMAT, "epoch": epoch, "global_step": self.global_step,
+                      "lrs": [group["lr"] for group in self.opt.param_groups], "rng": rng_states(self.device)}
             final_root = self.checkpointer.path
             staging = final_root / ".staging"
+            if self.rank == 0:
+                shutil.rmtree(staging / str(epoch), ignore_errors=True)  # a job killed while saving
+            if self.is_distributed:
+                torch.distributed.barrier()
             self.checkpointer.path = staging
             try:
-                super().save_checkpoint(epoch)
+                with checkpoint_disk_errors(staging / str(epoch), lambda: checkpoint_bytes(self.model, self.opt), epoch):
+                    super().save_checkpoint(epoch)
             finally:
                 self.checkpointer.path = final_root
-            if not self.is_distributed or torch.distributed.get_rank() == 0:
+            resume_dir = staging / str(epoch) / RESUME_DIR
+            resume_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(resume, resume_dir / resume_rank_file(self.rank))
+            if self.is_distributed:
+                torch.distributed.barrier()
+            if self.rank == 0:
+                world_size = torch.distributed.get_world_size() if self.is_distributed else 1
+                write_json(resume_dir / RESUME_MARKER, {"format": RESUME_FORMAT, "epoch": epoch, "world_size": world_size,
+                                                        "device_type": self.device.type, "global_step": self.global_step})
                 shutil.rmtree(final_root / str(epoch), ignore_errors=True)
                 os.replace(staging / str(epoch), final_root / str(epoch))
             if self.is_distributed:
@@ -231,6 +496,11 @@ def matmul_precision(tf32: bool):
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+def trains_on(gpus: int) -> str:
+    """The device type a run with `gpus` GPUs trains on here."""
+    return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
 def run_training(args: dict) -> None:
     """One training process (all ranks run this under torchrun)."""
     from speculators.train.trainer import TrainerConfig
@@ -241,7 +511,7 @@ def run_training(args: dict) -> None:
 
     cfg = args["training"]
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
-    use_cuda = args["gpus"] > 0 and torch.cuda.is_available()
+    use_cuda = trains_on(args["gpus"]) == "cuda"
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     d2t, t2d = (m.to(device) for m in load_vocab_map(args["d2t"], args["t2d"]))
     manifests, (train_files, train_lengths), (val_files, val_lengths) = training_split(args["manifests"], cfg)
@@ -292,11 +562,12 @@ def run_training(args: dict) -> None:
         if rank == 0:
             drop_metrics_from(metrics_path, trainer.current_epoch)
             total = cfg["epochs"] * len(train_loader)
-            bar = tqdm(total=total, initial=trainer.current_epoch * len(train_loader), desc="train draft", unit="step", mininterval=5)
+            bar = tqdm(total=total, initial=trainer.global_step, desc="train draft", unit="step", mininterval=5)
             handler = MetricsCSV(metrics_path, args["variant"], cfg["ttt_steps"], bar)
             metric_logger.addHandler(handler)
             if trainer.current_epoch:
-                log.info("resuming from the checkpoint of epoch %d", trainer.current_epoch - 1)
+                log.info("resuming from the checkpoint of epoch %d (full-precision weights and optimizer state, RNG "
+                         "states, step %d)", trainer.current_epoch - 1, trainer.global_step)
         with matmul_precision(cfg["tf32"]):
             trainer.run_training()
     finally:
@@ -323,7 +594,8 @@ def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, tr
     check_inputs(manifests, *load_vocab_map(d2t, t2d), target)
     for m in manifests:
         validate_shard(Path(m).parent, deep=True)
-    prepare_state(Path(state_dir), training_fingerprint(manifests, d2t, t2d, target, training, gpus), training["resume"])
+    prepare_state(Path(state_dir), training_fingerprint(manifests, d2t, t2d, target, training, gpus), training["resume"],
+                  trains_on(gpus))
     args = {"manifests": list(map(str, manifests)), "d2t": str(d2t), "t2d": str(t2d), "target": target.to_dict(),
             "training": training, "state_dir": str(state_dir), "variant": variant, "gpus": gpus,
             "num_workers": min(8, max(0, (os.cpu_count() or 1) // max(1, gpus) - 1)) if gpus > 0 else 0}

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.devices import visible_gpu_count
+from draftsmith.io import forcerun_hint, read_json
 from draftsmith.vllm_stack import call_sites, compat, probes, source
 from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
 from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
@@ -324,6 +325,18 @@ def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int
     return report
 
 
+def gpu_problems(config: dict, stages, gpus: int | None = None) -> list[str]:
+    """The GPU checks of `stages` alone (seconds, no target read): the workflow runs them before its first local job,
+    so that a GPU count this machine cannot give stops the run before anything is computed."""
+    report = Verdict()
+    gpus = visible_gpu_count() if gpus is None else gpus
+    checks = {"extract": check_extraction_gpus, "train": check_training_gpus, "benchmark": check_benchmark_gpus}
+    for stage in STAGES:
+        if stage in stages:
+            checks[stage](report, config, gpus)
+    return [f"{p} (this machine; `snakemake preflight` checks everything)" for p in report.problems]
+
+
 class PreflightError(RuntimeError):
     """A stage's preflight found problems; the message lists them, one per line."""
 
@@ -348,13 +361,14 @@ def count_tokens(stats_paths) -> int | None:
     for path in stats_paths:
         if not Path(path).exists():
             return None
-        total += json.loads(Path(path).read_text())["tokens"]
+        total += read_json(path, rebuild=forcerun_hint(path))["tokens"]
     return total
 
 
 def count_samples(stats_paths) -> dict[str, int]:
     """Samples per prepared dataset (records_kept of results/prepared/{dataset}/stats.json); missing files are left out."""
-    return {Path(p).parent.name: json.loads(Path(p).read_text())["records_kept"] for p in stats_paths if Path(p).exists()}
+    return {Path(p).parent.name: read_json(p, rebuild=forcerun_hint(p))["records_kept"]
+            for p in stats_paths if Path(p).exists()}
 
 
 def main(argv: list[str] | None = None) -> int:

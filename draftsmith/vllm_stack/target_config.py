@@ -4,9 +4,9 @@ types the installed transformers knows, read from its source."""
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
+from draftsmith.io import read_json
 from draftsmith.vllm_stack import source
 
 
@@ -19,7 +19,7 @@ def read_target_config(target: str, revision: str | None = None) -> dict:
         path = Path(hf_hub_download(target, "config.json", revision=revision))
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    return json.loads(path.read_text())
+    return read_json(path, rebuild="the target model's files are damaged: download or import the model again")
 
 
 def text_part(config: dict) -> dict:
