@@ -339,8 +339,10 @@ def training_gpus(variant):
     return gpus or single_device_gpus(config["extraction"]["device"])
 
 
-# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES)
+# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES; regenerate has
+# no preflight stage of its own: preflight.gpu_problems checks it alone)
 GPU_STAGE = {
+    "regenerate": "regenerate",
     "extract_hidden_states": "extract",
     "train_draft": "train",
     "benchmark": "benchmark",

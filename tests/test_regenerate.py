@@ -524,3 +524,18 @@ def test_repetition_check():
     assert not is_repetitive(list(range(64)) + [1, 2, 3])
     assert nearest_rank([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.1) == 1 and nearest_rank([5], 0.9) == 5
     assert answer_stats([])["cut_share"] is None
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"backend": "vllm", "tensor_parallel_size": 2}, "gpus (regenerate): regenerate.tensor_parallel_size=2 but 0 GPU(s) "
+                                                     "are visible"),
+    ({"backend": "hf", "device": "cuda"}, "gpus (regenerate): regenerate.device='cuda' but no CUDA GPU is visible"),
+])
+def test_regenerate_gpus_this_machine_cannot_give_stop_the_run_before_any_job(tmp_path, settings, problem):
+    from conftest import snakemake, write_config
+
+    write_config(tmp_path, {"datasets": {"synthetic": {"source": "synthetic", "regenerate": True}},
+                            "regenerate": settings})
+    proc = snakemake(tmp_path, check=False)
+    assert proc.returncode != 0 and problem in proc.stdout + proc.stderr and "No job was started." in proc.stdout + proc.stderr
+    assert not [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.name != ".draftsmith.lock"]
