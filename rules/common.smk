@@ -71,6 +71,16 @@ if (
         "benchmark.mt_bench.turns: 2 runs on the offline backend only (the second turn is asked after the "
         "target's own answer to the first); set benchmark.backend: offline or turns: 1"
     )
+if (
+    REGENERATED
+    and config["regenerate"]["samples_per_prompt"] > 1
+    and config["regenerate"]["temperature"] == 0
+):
+    raise WorkflowError(
+        f"regenerate.samples_per_prompt: {config['regenerate']['samples_per_prompt']} answers per prompt need "
+        "sampling (with temperature 0 every answer is the same); set regenerate.temperature above 0, or "
+        "samples_per_prompt: 1"
+    )
 NUM_SHARDS = config["extraction"]["num_shards"]
 
 
@@ -136,10 +146,22 @@ def job_settings(section, backend=None):
 
 RUN_ONLY = {
     "extraction": {"writer_threads"},
+    # each answer depends on its prompt and its seed (seed, prompt id, sample), not on how the prompts are grouped
+    # into chunks, batches or GPUs (draftsmith.data.regenerate)
+    "regenerate": {
+        "chunk_size",
+        "batch_size",
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+    },
     "benchmark": {"port", "server_timeout_s"},
     "training": {"resume"},
 }
 BACKEND_ONLY = {
+    "regenerate": {
+        "hf": {"device"},
+        "vllm": {"max_model_len", "tensor_parallel_size", "gpu_memory_utilization"},
+    },
     "extraction": {
         "hf": {"batch_tokens", "max_batch_size", "device"},
         "vllm": {
@@ -297,6 +319,13 @@ def extraction_gpus():
     return single_device_gpus(ext["device"])
 
 
+def regenerate_gpus():
+    regen = config["regenerate"]
+    if regen["backend"] == "vllm":
+        return regen["tensor_parallel_size"]
+    return single_device_gpus(regen["device"])
+
+
 def benchmark_gpus():
     bench = config["benchmark"]
     if bench["backend"] == "vllm":
@@ -310,8 +339,10 @@ def training_gpus(variant):
     return gpus or single_device_gpus(config["extraction"]["device"])
 
 
-# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES)
+# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES; regenerate has
+# no preflight stage of its own: preflight.gpu_problems checks it alone)
 GPU_STAGE = {
+    "regenerate": "regenerate",
     "extract_hidden_states": "extract",
     "train_draft": "train",
     "benchmark": "benchmark",

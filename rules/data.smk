@@ -91,6 +91,9 @@ rule regenerate:
     input:
         data=regenerate_input,
         target=target_input(),
+        # the benchmark's questions are never training prompts; resolved here, so that the job's own environment
+        # (envs/vllm.yaml for the vllm backend) needs no data package
+        benchmark_questions=lambda wc: packaged(mt_bench_questions_file),
     output:
         jsonl=R / "data" / "regenerated" / "{dataset}.jsonl",
         # prompts read, dropped by reason, duplicates (prepare_dataset carries them into its stats.json)
@@ -100,17 +103,20 @@ rule regenerate:
     benchmark:
         R / "benchmarks" / "regenerate" / "{dataset}.tsv"
     conda:
-        "../envs/core.yaml"
+        "../envs/vllm.yaml"
+        if config["regenerate"]["backend"] == "vllm"
+        else "../envs/core.yaml"
     # on a CPU the datasets generate side by side, one core each (two 1-thread jobs beat one 2-thread job)
     threads: max(1, workflow.cores // max(1, len(REGENERATED)))
     resources:
-        gpu=lambda wc: single_device_gpus(config["regenerate"]["device"]),
+        gpu=regenerate_gpus(),
         mem_mb=8000,
     params:
         spec=lambda wc: raw_dataset_spec(wc.dataset),
         source=lambda wc: config["datasets"][wc.dataset]["source"],
         target=target_spec(config["regenerate"]["dtype"]),
-        regenerate=canonical(config["regenerate"]),
+        # the keys that change the answers (chunk_size, batch_size, ... are read from the config at run time)
+        regenerate=job_settings("regenerate", config["regenerate"]["backend"]),
         seq_length=config["seq_length"],
     script:
         "../scripts/regenerate.py"

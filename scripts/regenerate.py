@@ -5,14 +5,24 @@ from draftsmith.target_model.spec import TargetSpec
 
 
 def main(smk):
-    cfg = dict(smk.params.regenerate)
+    # params hold the keys that change the answers; the run-only ones (chunk_size, batch_size, ...) come from the config
+    cfg = {**smk.config["regenerate"], **smk.params.regenerate}
     target = TargetSpec.from_dict(smk.params.target)
-    device = resolve_device(cfg["device"])
-    dtype = resolve_dtype(target.stage_dtype(cfg["dtype"]), device)
-    regenerate(regeneration_prompts(dict(smk.params.spec), smk.params.source), target, smk.output.jsonl,
-               max_new_tokens=cfg["max_new_tokens"], batch_size=cfg["batch_size"], temperature=cfg["temperature"],
-               top_p=cfg["top_p"], top_k=cfg["top_k"], seed=cfg["seed"], chunk_size=cfg["chunk_size"],
-               device=str(device), dtype=str(dtype).removeprefix("torch."), max_prompt_tokens=smk.params.seq_length)
+    if cfg["backend"] == "hf":
+        device = resolve_device(cfg["device"])
+        device, dtype = str(device), str(resolve_dtype(target.stage_dtype(cfg["dtype"]), device)).removeprefix("torch.")
+    else:  # vLLM takes "auto" itself (bf16 for fp32 or bf16 checkpoints on a GPU)
+        device, dtype = "cpu", target.stage_dtype(cfg["dtype"])
+    prompts = regeneration_prompts(dict(smk.params.spec), smk.params.source, smk.input.benchmark_questions)
+    regenerate(prompts, target, smk.output.jsonl,
+               backend=cfg["backend"], max_new_tokens=cfg["max_new_tokens"], batch_size=cfg["batch_size"],
+               temperature=cfg["temperature"], top_p=cfg["top_p"], top_k=cfg["top_k"], seed=cfg["seed"],
+               samples_per_prompt=cfg["samples_per_prompt"], chunk_size=cfg["chunk_size"], device=device, dtype=dtype,
+               tensor_parallel_size=cfg["tensor_parallel_size"], gpu_memory_utilization=cfg["gpu_memory_utilization"],
+               max_model_len=cfg["max_model_len"], max_prompt_tokens=smk.params.seq_length)
 
 
-run(main, snakemake)  # noqa: F821
+# The guard matters with the vllm backend: vLLM starts its engine and workers with `spawn` (always on its CPU platform;
+# on CUDA once CUDA is initialised), and each re-runs this file as __mp_main__, where `snakemake` is undefined.
+if __name__ == "__main__":
+    run(main, snakemake)  # noqa: F821

@@ -51,7 +51,8 @@ CHANGES = {
     "datasets.synthetic.regenerate": (True, {"regenerate", "prepare_dataset"}),
     **{f"regenerate.{k}": (v, set(), "no dataset of this configuration regenerates") for k, v in {
         "max_new_tokens": 8, "batch_size": 2, "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 1, "chunk_size": 2,
-        "device": "cpu", "dtype": "float32"}.items()},
+        "device": "cpu", "dtype": "float32", "backend": "vllm", "samples_per_prompt": 2, "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.5, "max_model_len": 512}.items()},
     "seq_length": (192, {"prepare_dataset", "extract_hidden_states"}),
     "extraction.backend": ("vllm", {"extract_hidden_states"}),
     **{f"extraction.{k}": (v, {"extract_hidden_states"}) for k, v in {
@@ -221,3 +222,49 @@ def test_a_deleted_intermediate_is_rebuilt_by_a_plain_run(run, tmp_path):
     finally:
         shutil.copy2(backup, d2t)
     assert planned == downstream({"vocab_map"}) | {"all"}
+
+
+# ----------------------------------------------------------------------------- regenerate's settings
+
+# a dataset that regenerates: key -> (new value, whether regenerate re-runs). Settings that change an answer re-run
+# it; those that change only how the answers are computed (chunks, batches, GPUs) or belong to the other backend do
+# not (rules/common.smk: RUN_ONLY and BACKEND_ONLY for "regenerate")
+REGENERATE_CHANGES = {
+    "backend": ("vllm", True), "max_new_tokens": (3, True), "temperature": (0.7, True), "top_p": (0.5, True),
+    "top_k": (5, True), "seed": (1, True), "samples_per_prompt": (2, True), "dtype": ("bfloat16", True),
+    "device": ("auto", True),
+    "chunk_size": (3, False), "batch_size": (1, False), "tensor_parallel_size": (2, False),
+    "gpu_memory_utilization": (0.5, False), "max_model_len": (64, False),
+}
+
+
+@pytest.fixture(scope="module")
+def regenerated_run(tmp_path_factory):
+    """The tiny configuration with its dataset regenerated (4 prompts, 2 new tokens each, sampled), run up to the
+    regenerated file; returns (workdir, that file)."""
+    from conftest import write_config
+
+    workdir = tmp_path_factory.mktemp("regenerated")
+    write_config(workdir, {
+        "embedded_target": {"pretrain_steps": 2},
+        "synthetic": {"num_records": 24, "num_heldout": 2},
+        "datasets": {"synthetic": {"source": "synthetic", "regenerate": True, "max_records": 4}},
+        "regenerate": {"max_new_tokens": 2, "temperature": 0.5, "chunk_size": 2, "batch_size": 2, "device": "cpu",
+                       "dtype": "float32"},
+    })
+    answers = str(workdir / "results" / "data" / "regenerated" / "synthetic.jsonl")
+    snakemake(workdir, answers)
+    return workdir, answers
+
+
+def test_regenerate_reruns_exactly_for_the_settings_that_change_its_answers(regenerated_run, tmp_path):
+    workdir, answers = regenerated_run
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    wrong = []
+    for key, (value, reruns) in REGENERATE_CHANGES.items():
+        changed = tmp_path / f"{key}.yaml"
+        changed.write_text(yaml.safe_dump({**config, "regenerate": {**config["regenerate"], key: value}}))
+        planned = set(jobs_planned(snakemake(workdir, answers, "-n", "--configfile", str(changed))))
+        if planned != ({"regenerate"} if reruns else set()):
+            wrong.append(f"regenerate.{key} = {value!r}: planned {sorted(planned)}, expected a re-run: {reruns}")
+    assert not wrong, "\n".join(wrong)

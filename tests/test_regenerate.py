@@ -69,7 +69,9 @@ def test_left_padded_batches_answer_like_batch_size_one(tiny_target, tmp_path):
                            chunk_size=7, show_progress=False)
     many = regen.regenerate(prompts(), tiny_target, tmp_path / "b7.jsonl", max_new_tokens=12, batch_size=7,
                             chunk_size=7, show_progress=False)
-    assert one["fingerprint"] != many["fingerprint"]
+    # batch_size changes how the answers are computed, not what they are: the same fingerprint (finished chunks of one
+    # are kept by the other), and the workflow does not re-run regenerate for it (rules/common.smk RUN_ONLY)
+    assert one["fingerprint"] == many["fingerprint"]
     assert [r["messages"] for r in rows(tmp_path / "b1.jsonl")] == [r["messages"] for r in rows(tmp_path / "b7.jsonl")]
 
 
@@ -341,3 +343,199 @@ def test_fastchat_and_prompt_set_drops_are_counted(tmp_path):
     arena = regen.regeneration_prompts({"path": str(path), "max_records": None}, "arena_hard")
     assert [r["id"] for r in arena] == ["arena_hard_a"] and arena.records_read == 3
     assert arena.dropped == {"not_latin_script": 1, "duplicate_prompt": 1}
+
+
+# ----------------------------------------------------------------------------- seeds, samples, answer checks
+
+
+def test_sampled_answers_depend_on_prompt_and_seed_not_on_chunks_or_batches(tiny_target, tmp_path):
+    """Each sampled answer has its own seed (seed, prompt id, sample index): other chunk and batch sizes give the
+    same file, and the fingerprint does not change, so finished chunks are kept across them."""
+    sampling = dict(max_new_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=3, show_progress=False)
+    small = regen.regenerate(prompts(), tiny_target, tmp_path / "a.jsonl", batch_size=1, chunk_size=2, **sampling)
+    large = regen.regenerate(prompts(), tiny_target, tmp_path / "b.jsonl", batch_size=7, chunk_size=7, **sampling)
+    assert rows(tmp_path / "a.jsonl") == rows(tmp_path / "b.jsonl")
+    assert small["fingerprint"] == large["fingerprint"]
+    other = regen.regenerate(prompts(), tiny_target, tmp_path / "c.jsonl", batch_size=7, chunk_size=7,
+                             **{**sampling, "seed": 4})
+    assert other["fingerprint"] != small["fingerprint"]
+    assert [r["messages"] for r in rows(tmp_path / "c.jsonl")] != [r["messages"] for r in rows(tmp_path / "a.jsonl")]
+    # the sampler applies the temperature as transformers does: close to 0 it samples the greedy answers
+    regen.regenerate(prompts(), tiny_target, tmp_path / "greedy.jsonl", batch_size=3, **{**sampling, "temperature": 0})
+    regen.regenerate(prompts(), tiny_target, tmp_path / "cold.jsonl", batch_size=3, **{**sampling, "temperature": 1e-3})
+    assert rows(tmp_path / "cold.jsonl") == rows(tmp_path / "greedy.jsonl")
+
+
+def test_seeds_are_per_answer():
+    seeds = {regen.sample_seed(0, f"p{i}", k) for i in range(50) for k in range(4)}
+    assert len(seeds) == 200 and all(0 <= s < 2 ** 63 for s in seeds)
+    assert regen.sample_seed(0, "p1", 0) == regen.sample_seed(0, "p1", 0) != regen.sample_seed(1, "p1", 0)
+
+
+def test_several_samples_per_prompt_have_their_own_ids_and_repeats_are_dropped(tiny_target, tmp_path):
+    """samples_per_prompt: 4 at a low temperature: rows `<id>/s<k>`, unique; an answer equal to an earlier answer to
+    the same prompt is dropped and counted; prepare takes the file with every row as its own sample. (The tiny
+    target's next-token distributions are flat: at 0.3 its four answers to a prompt all differ, at 0.05 most agree.)"""
+    from transformers import AutoTokenizer
+
+    from draftsmith.data.tokenization import prepare_dataset, read_samples
+
+    out = tmp_path / "answers.jsonl"
+    stats = regen.regenerate(prompts(), tiny_target, out, max_new_tokens=6, temperature=0.05, samples_per_prompt=4,
+                             chunk_size=3, show_progress=False)
+    got = rows(out)
+    ids = [r["id"] for r in got]
+    assert len(set(ids)) == len(ids)
+    by_prompt: dict[str, list] = {}
+    for r in got:
+        prompt_id, sample = r["id"].rsplit("/s", 1)
+        assert 0 <= int(sample) < 4
+        by_prompt.setdefault(prompt_id, []).append(r["messages"][-1]["content"])
+    assert sorted(by_prompt) == sorted(p["id"] for p in prompts())
+    assert all(len(set(answers)) == len(answers) for answers in by_prompt.values())
+    assert stats["samples_per_prompt"] == 4 and stats["num_answers"] == len(got)
+    assert stats["duplicate_answers"] > 0, "a low temperature on the tiny target repeats answers"
+    assert stats["num_answers"] + stats["duplicate_answers"] == 4 * len(prompts())
+    prepare_dataset({"source": "local", "path": str(out)}, AutoTokenizer.from_pretrained(tiny_target), 64,
+                    tmp_path / "samples.parquet", tmp_path / "stats.json", name="chat")
+    assert sorted(read_samples(tmp_path / "samples.parquet")["sample_id"]) == sorted(
+        f"chat/{r['id']}" for r in got if r["messages"][-1]["content"].strip())
+
+
+def test_several_samples_at_temperature_zero_fail_before_any_model_loads(tiny_target, tmp_path, monkeypatch):
+    from draftsmith.target_model.spec import TargetSpec
+
+    monkeypatch.setattr(TargetSpec, "load_tokenizer", lambda self: pytest.fail("the tokenizer was loaded"))
+    with pytest.raises(ValueError, match=r"^regenerate\.samples_per_prompt: 2 answers per prompt need sampling"):
+        regen.regenerate(prompts(), tiny_target, tmp_path / "a.jsonl", samples_per_prompt=2, show_progress=False)
+
+
+def test_the_workflow_refuses_several_samples_at_temperature_zero(tmp_path):
+    from conftest import snakemake, write_config
+
+    write_config(tmp_path, {"datasets": {"synthetic": {"source": "synthetic", "regenerate": True}},
+                            "regenerate": {"samples_per_prompt": 3, "temperature": 0.0}})
+    result = snakemake(tmp_path, "-n", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "regenerate.samples_per_prompt: 3 answers per prompt need sampling (with temperature 0 every answer is the " \
+           "same); set regenerate.temperature above 0, or samples_per_prompt: 1" in output
+
+
+@pytest.mark.parametrize("installed, says", [
+    (None, "vLLM 0.16.0 is not installed for "),
+    ("0.15.1", "vLLM 0.15.1 is installed for "),
+])
+def test_vllm_backend_without_vllm_0_16_fails_before_anything_loads(tiny_target, tmp_path, monkeypatch, installed,
+                                                                     says):
+    from draftsmith.target_model.spec import TargetSpec
+    from draftsmith.vllm_stack import installed as installed_module
+
+    monkeypatch.setattr(installed_module, "installed_version", lambda package: installed)
+    for loader in ("load_tokenizer", "load_causal_lm", "load_text_config"):
+        monkeypatch.setattr(TargetSpec, loader, lambda self, *a: pytest.fail("the target was loaded"))
+    with pytest.raises(regen.RegenerateSetupError) as error:
+        regen.regenerate(prompts(), tiny_target, tmp_path / "a.jsonl", backend="vllm", show_progress=False)
+    message = str(error.value)
+    assert message.startswith(f"regenerate.backend: vllm: {says}")
+    assert "pip install -r envs/vllm.lock.txt" in message and "make install-engine" in message
+    assert not (tmp_path / "a.jsonl.chunks").exists()
+
+
+class ScriptedBackend:
+    """A backend answering from a script, to test the driver alone: `limit` tokens per prompt at most."""
+
+    name = "scripted"
+
+    def __init__(self, answers, limit=None):
+        self.answers, self.limit, self.requests, self.settings = answers, limit, [], {"limit": limit}
+
+    def prompt_limit(self, lengths, max_new_tokens):
+        return self.limit
+
+    def generate(self, requests, gen, progress=None):
+        self.requests += requests
+        return [self.answers(r) for r in requests]
+
+    def close(self):
+        pass
+
+
+def test_prompts_beyond_the_engines_max_model_len_are_skipped_and_counted(tiny_target, tmp_path, caplog):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    records = prompts(3) + [{"id": "long", "messages": [{"role": "user", "content": "Tell me a story. " * 20}]}]
+    lengths = [len(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in records]
+    backend = ScriptedBackend(lambda r: {"token_ids": [5, 6], "finish_reason": "stop"}, limit=max(lengths[:3]) + 1)
+    with caplog.at_level(logging.INFO, logger="draftsmith.data.regenerate"):
+        stats = regen.regenerate(records, tiny_target, tmp_path / "a.jsonl", backend=backend, show_progress=False,
+                                 max_prompt_tokens=1000)
+    assert [r["id"] for r in rows(tmp_path / "a.jsonl")] == ["p0", "p1", "p2"]
+    assert stats["dropped_by_reason"] == {"prompt_exceeds_max_model_len": 1} and stats["records_read"] == 4
+    assert "no room for an answer within the scripted engine's max_model_len" in caplog.text
+    # both backends get the same prompts: the chat template's token ids with the generation prompt
+    assert [r["prompt_ids"] for r in backend.requests] == [
+        tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True) for r in records[:3]]
+
+
+def test_answers_are_checked_cut_lengths_and_loops(tiny_target, tmp_path, caplog):
+    """Three answers of four cut at max_new_tokens (a warning: most are cut), one of them a loop; the stats give the
+    share cut, the length percentiles and the share repetitive, and prepare carries them into the data table."""
+    from draftsmith.data.tokenization import prepare_dataset
+    from draftsmith.io import read_json
+    from draftsmith.report.load import load_stats
+    from draftsmith.report.tables import display, stats_table
+    from transformers import AutoTokenizer
+
+    loop, prose = [40, 41, 42] * 30, list(range(100, 190))
+    scripted = {"p0": {"token_ids": loop[:80], "finish_reason": "length"},
+                "p1": {"token_ids": prose[:80], "finish_reason": "length"},
+                "p2": {"token_ids": prose[:80], "finish_reason": "length"},
+                "p3": {"token_ids": prose[:9], "finish_reason": "stop"}}
+    records = prompts(4)
+    by_ids = {tuple(AutoTokenizer.from_pretrained(tiny_target).apply_chat_template(
+        r["messages"], add_generation_prompt=True)): scripted[r["id"]] for r in records}
+    backend = ScriptedBackend(lambda request: by_ids[tuple(request["prompt_ids"])])
+    out = tmp_path / "regenerated" / "chat.jsonl"
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+        stats = regen.regenerate(records, tiny_target, out, backend=backend, max_new_tokens=80, show_progress=False)
+    assert "3 of 4 answers (75%) were cut at max_new_tokens=80" in caplog.text
+    assert [r["repetitive"] for r in rows(out)] == [True, False, False, False]
+    assert stats["cut_at_max_new_tokens"] == 3 and stats["cut_share"] == 0.75
+    assert stats["new_tokens_percentiles"] == {"p10": 10, "p50": 80, "p90": 80}  # 9 tokens + the stop token
+    assert stats["repetitive_answers"] == 1 and stats["repetitive_share"] == 0.25
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    prepare_dataset({"source": "local", "path": str(out)}, tokenizer, 256, tmp_path / "samples.parquet",
+                    tmp_path / "prepared" / "stats.json", name="chat")
+    assert read_json(tmp_path / "prepared" / "stats.json")["regenerate"]["cut_share"] == 0.75
+    table = display(stats_table(load_stats([tmp_path / "prepared" / "stats.json"]))).iloc[0]
+    assert table["cut at max_new_tokens"] == "75.0% (3 of 4)" and table["repetitive"] == "25.0% (1 of 4)"
+
+
+def test_repetition_check():
+    from draftsmith.data.answer_checks import answer_stats, is_repetitive, nearest_rank
+
+    assert is_repetitive([7] * 64) and is_repetitive(list(range(50)) + [1, 2, 3] * 30)
+    sentence = list(range(200, 232))  # one 32-token sentence said twice at the end
+    assert is_repetitive(list(range(10)) + sentence * 2)
+    assert not is_repetitive(list(range(300, 333)) * 2)  # a 33-token block: too long to count
+    assert not is_repetitive([7] * 63)  # shorter than the window
+    assert not is_repetitive(list(range(64)) + [1, 2, 3])
+    assert nearest_rank([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.1) == 1 and nearest_rank([5], 0.9) == 5
+    assert answer_stats([])["cut_share"] is None
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"backend": "vllm", "tensor_parallel_size": 2}, "gpus (regenerate): regenerate.tensor_parallel_size=2 but 0 GPU(s) "
+                                                     "are visible"),
+    ({"backend": "hf", "device": "cuda"}, "gpus (regenerate): regenerate.device='cuda' but no CUDA GPU is visible"),
+])
+def test_regenerate_gpus_this_machine_cannot_give_stop_the_run_before_any_job(tmp_path, settings, problem):
+    from conftest import snakemake, write_config
+
+    write_config(tmp_path, {"datasets": {"synthetic": {"source": "synthetic", "regenerate": True}},
+                            "regenerate": settings})
+    proc = snakemake(tmp_path, check=False)
+    assert proc.returncode != 0 and problem in proc.stdout + proc.stderr and "No job was started." in proc.stdout + proc.stderr
+    assert not [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.name != ".draftsmith.lock"]

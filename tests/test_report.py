@@ -372,7 +372,8 @@ def test_data_table_shows_what_regenerate_dropped(tmp_path):
     paths = [tmp_path / "chat" / "stats.json", tmp_path / "raw" / "stats.json"]
     write_json(paths[0], prepared_stats("chat", 36, 35, {"empty_content": 1}, {
         "records_read": 40, "prompts_dropped": 4, "dropped_by_reason": dropped, "duplicate_prompts": 1,
-        "duplicate_record_ids": 0, "num_prompts": 36}))
+        "duplicate_record_ids": 0, "num_prompts": 36, "num_answers": 36, "cut_at_max_new_tokens": 9,
+        "repetitive_answers": 2}))
     write_json(paths[1], prepared_stats("raw", 10, 9, {"invalid_json": 1}))
     stats = load_stats(paths)
     table = display(stats_table(stats)).set_index("dataset")
@@ -383,6 +384,10 @@ def test_data_table_shows_what_regenerate_dropped(tmp_path):
     assert (table.loc["chat", "records skipped"], table.loc["chat", "records kept"]) == ("1", "35")
     assert tuple(table.loc["raw", ["records read", "dropped by regenerate", "dropped by regenerate by reason"]]) == \
         ("10", "0", "none")
+    # regenerate's answer checks: answers cut at max_new_tokens and stuck in a loop (none for a raw dataset)
+    assert (table.loc["chat", "cut at max_new_tokens"], table.loc["chat", "repetitive"]) == ("25.0% (9 of 36)",
+                                                                                             "5.6% (2 of 36)")
+    assert (table.loc["raw", "cut at max_new_tokens"], table.loc["raw", "repetitive"]) == ("—", "—")
     empty = pd.DataFrame(columns=["variant", "method", "acceptance_length", "category", "split", "epoch", "step",
                                   "loss", "train tokens", "acceptance length", "datasets"])
     line = next(x for x in findings({}, empty, stats, empty, empty, empty) if x.startswith("Training data"))

@@ -18,6 +18,7 @@ METRICS_COLUMNS = ["variant", "split", "epoch", "step", "loss"]
 STATS_FIELDS = ["records_read", "records_kept", "records_skipped", "skipped_by_reason", "records_truncated",
                 "tokens", "assistant_tokens", "seq_length"]
 REGENERATE_FIELDS = ["records_read", "dropped_by_reason"]  # the `regenerate` section of a regenerated dataset's stats
+ANSWER_CHECK_FIELDS = ["num_answers", "cut_at_max_new_tokens", "repetitive_answers"]  # optional in that section
 MANIFEST_FIELDS = ["shard", "num_samples", "num_tokens", "device"]
 TRAINING_DATA_FIELDS = ["data_fraction", "train_samples", "train_tokens", "val_samples"]
 
@@ -167,9 +168,12 @@ def load_stats(paths) -> pd.DataFrame:
         dropped = (regenerated or {}).get("dropped_by_reason", {})
         row["dropped_by_regenerate"] = sum(dropped.values())
         row["dropped_by_regenerate_by_reason"] = dropped
+        # regenerate's answer checks (draftsmith.data.answer_checks); None where not regenerated or not recorded
+        for key in ANSWER_CHECK_FIELDS:
+            row[key] = (regenerated or {}).get(key)
         rows.append(row)
     columns = ["dataset", "records_read", "dropped_by_regenerate", "dropped_by_regenerate_by_reason",
-               *[k for k in STATS_FIELDS if k != "records_read"]]
+               *[k for k in STATS_FIELDS if k != "records_read"], *ANSWER_CHECK_FIELDS]
     return pd.DataFrame(rows, columns=columns)
 
 

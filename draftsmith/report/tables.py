@@ -133,11 +133,24 @@ def training_table(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def stats_table(stats: pd.DataFrame) -> pd.DataFrame:
     """Per dataset: records read (from the raw data, for a regenerated dataset too), dropped by regenerate and
-    skipped by prepare (each by reason), kept, and tokens."""
+    skipped by prepare (each by reason), kept, and tokens; for a regenerated dataset, the share of the target's
+    answers cut at max_new_tokens and the share stuck in a loop (draftsmith.data.answer_checks)."""
     df = stats.copy()
     for column in ("dropped_by_regenerate_by_reason", "skipped_by_reason"):
         df[column] = df[column].map(lambda d: ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) or "none")
-    return df.rename(columns=lambda c: c.replace("_", " "))
+
+    def share(part, whole):
+        if part is None or whole is None or pd.isna(part) or pd.isna(whole) or not whole:
+            return None
+        return f"{100 * part / whole:.1f}% ({int(part)} of {int(whole)})"
+
+    answers = df.pop("num_answers") if "num_answers" in df else pd.Series([None] * len(df), index=df.index)
+    checks = {"cut at max_new_tokens": df.pop("cut_at_max_new_tokens") if "cut_at_max_new_tokens" in df else None,
+              "repetitive": df.pop("repetitive_answers") if "repetitive_answers" in df else None}
+    df = df.rename(columns=lambda c: c.replace("_", " "))
+    for name, counts in checks.items():
+        df[name] = [share(c, n) for c, n in zip(counts if counts is not None else [None] * len(df), answers)]
+    return df
 
 
 def versions_table(summaries: dict[str, dict], manifests: list[dict]) -> pd.DataFrame:

@@ -59,6 +59,17 @@ class TargetSpec:
             return AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype, trust_remote_code=self.trust_remote_code,
                                                         revision=self.revision, attn_implementation="sdpa")
 
+    def load_generation_config(self):
+        """The generation config transformers gives the loaded model (its generation_config.json, else one made from
+        config.json), without loading weights: the stop tokens of both regenerate backends come from it."""
+        from transformers import AutoConfig, GenerationConfig
+
+        try:
+            return GenerationConfig.from_pretrained(self.model, revision=self.revision)
+        except OSError:  # no generation_config.json
+            return GenerationConfig.from_model_config(AutoConfig.from_pretrained(
+                self.model, trust_remote_code=self.trust_remote_code, revision=self.revision))
+
     def fingerprint(self) -> dict:
         from draftsmith.provenance import model_fingerprint
 
@@ -66,9 +77,13 @@ class TargetSpec:
 
 
 def stop_token_ids(tokenizer, model) -> set[int]:
-    """The tokenizer's eos token, plus any the target's generation config adds (chat models often end turns there)."""
+    """The tokenizer's eos token, plus any the target's generation config adds (chat models often end turns there).
+    `model`: the loaded model, or its generation config (TargetSpec.load_generation_config)."""
+    from transformers import GenerationConfig
+
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    config = model if isinstance(model, GenerationConfig) else getattr(model, "generation_config", None)
+    extra = getattr(config, "eos_token_id", None)
     ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
     ids.discard(None)
     if not ids:

