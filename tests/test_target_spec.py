@@ -68,7 +68,8 @@ def test_every_loader_refuses_a_local_target_with_auto_map_naming_the_config_key
     (model / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoConfig": "c.C"}}))
     spec = TargetSpec(str(model))
     loaders = {"load_tokenizer": spec.load_tokenizer, "load_text_config": spec.load_text_config,
-               "load_causal_lm": lambda: spec.load_causal_lm(torch.float32)}
+               "load_causal_lm": lambda: spec.load_causal_lm(torch.float32),
+               "load_generation_config": spec.load_generation_config}  # regenerate's stop tokens, without weights
     for name, load in loaders.items():
         with pytest.raises(RemoteCodeError) as e:
             load()

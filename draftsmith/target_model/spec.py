@@ -67,8 +67,9 @@ class TargetSpec:
         try:
             return GenerationConfig.from_pretrained(self.model, revision=self.revision)
         except OSError:  # no generation_config.json
-            return GenerationConfig.from_model_config(AutoConfig.from_pretrained(
-                self.model, trust_remote_code=self.trust_remote_code, revision=self.revision))
+            with remote_code_checked(self.model, self.trust_remote_code):
+                return GenerationConfig.from_model_config(AutoConfig.from_pretrained(
+                    self.model, trust_remote_code=self.trust_remote_code, revision=self.revision))
 
     def fingerprint(self) -> dict:
         from draftsmith.provenance import model_fingerprint
