@@ -8,11 +8,12 @@ from draftsmith.vllm_stack.preflight import gate
 
 def main(smk):
     target = TargetSpec.from_dict(smk.params.target)
-    # this job's own benchmark settings: benchmark_offline_reference runs the offline backend beside a vllm config
-    gate({**smk.config, "benchmark": smk.params.benchmark}, target.model, "benchmark")
+    # params hold the keys that change the results, the config adds how to run (port, timeouts); this job's own
+    # backend comes from params: benchmark_offline_reference runs the offline backend beside a vllm config
+    bench = {**smk.config["benchmark"], **smk.params.benchmark}
+    gate({**smk.config, "benchmark": bench}, target.model, "benchmark")
     inputs = benchmark_inputs(smk.params.draft_dir, smk.input.prompts, target.fingerprint())
-    # params hold the keys that change the results; the config adds how to run (port, timeouts)
-    cfg = {**smk.config["benchmark"], **smk.params.benchmark, "methods": list(smk.params.methods)}
+    cfg = {**bench, "methods": list(smk.params.methods)}
     cfg["num_speculative_tokens"] = resolve_num_speculative_tokens(cfg["num_speculative_tokens"], smk.params.draft_dir)
     prompts = read_benchmark_prompts(smk.input.prompts)
     args = (target, smk.params.draft_dir, prompts, cfg, smk.output.per_prompt,
