@@ -245,13 +245,12 @@ def test_truncated_manifest_fails_naming_the_file_and_the_command_that_rebuilds_
 def test_truncated_manifest_stops_the_run_before_any_job_and_forcerun_rebuilds_the_shard(pipeline_run, tmp_path):
     """Downstream up to date, one manifest truncated (its mtime now newer than the draft): a plain `snakemake`
     must not start train_draft, which would delete the last good draft and then fail on the manifest."""
-    from test_pipeline import jobs_planned
+    from conftest import jobs_planned
 
     workdir = copy_inputs(pipeline_run, tmp_path)
     r = workdir / "results"
     for sub in ("shards", "vocab", "train_state", "draft", "benchmark", "report"):
         shutil.copytree(pipeline_run / "results" / sub, r / sub)
-    shutil.copy2(pipeline_run / "results" / "preflight.json", r / "preflight.json")
     snakemake(workdir)  # brings the copy up to date (earlier tests may have rebuilt the session run's vocab map)
     draft = {name: sha256_file(r / "draft" / "default" / name) for name in ("config.json", "model.safetensors")}
     manifest = workdir / SHARD / "manifest.json"
