@@ -26,7 +26,11 @@ from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 # the user's datasets and variants replace the embedded default's (Snakemake would add them to it).
 # check_config names each problem by file and key (one line each); validate then fills in the defaults.
 try:
-    merged_config = merge_files(workflow.configfiles, workflow.config_settings.config)
+    merged_config = merge_files(
+        workflow.configfiles,
+        workflow.config_settings.config,
+        default=Path(workflow.basedir) / "config" / "config.yaml",
+    )
     config_problems = check_config(merged_config, workflow.configfiles)
     if config_problems:
         raise ConfigError("\n".join(config_problems))

@@ -51,7 +51,8 @@ def materialise_dag(workdir: Path, snakefile: Path = REPO / "Snakefile") -> None
     for path in paths:
         if path.suffix:  # the DAG's directory outputs (the target, report figures) have no suffix
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
+            # JSON files parse (the workflow reads the shard manifests its jobs use before the first job starts)
+            path.write_text("{}" if path.suffix == ".json" else "")
         else:
             path.mkdir(parents=True, exist_ok=True)
     for path in paths:

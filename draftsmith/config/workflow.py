@@ -82,16 +82,18 @@ def deep_merge(base, override):
     return merged
 
 
-def user_files(paths) -> list[Path]:
+def user_files(paths, default: Path = DEFAULT_CONFIG) -> list[Path]:
     """The config files that are not the embedded default."""
-    return [Path(p) for p in paths if Path(p).resolve() != DEFAULT_CONFIG.resolve()]
+    return [Path(p) for p in paths if Path(p).resolve() != Path(default).resolve()]
 
 
-def merge_files(paths, overrides: dict | None = None) -> dict:
+def merge_files(paths, overrides: dict | None = None, default: Path = DEFAULT_CONFIG) -> dict:
     """The embedded default, then each of the user's files in `paths` in order, read strictly, then `overrides`
-    (Snakemake's --config entries); `datasets` and `variants` as the user's files give them, where any does."""
-    files = [read_config_file(p) for p in user_files(paths)]
-    config = read_config_file(DEFAULT_CONFIG) if DEFAULT_CONFIG.exists() else {}
+    (Snakemake's --config entries); `datasets` and `variants` as the user's files give them, where any does.
+    `default`: the workflow's own config/config.yaml (a copy of the workflow, as a Kubernetes run makes, has its
+    own), whatever its place in `paths`."""
+    files = [read_config_file(p) for p in user_files(paths, default)]
+    config = read_config_file(default) if Path(default).exists() else {}
     for data in files:
         config = deep_merge(config, data)
     for key in NAMED_SECTIONS:

@@ -522,6 +522,8 @@ def run_training(args: dict) -> None:
     torch.manual_seed(cfg["seed"])
     draft = build_draft(TargetSpec.from_dict(args["target"]), d2t, t2d, cfg["draft_layers"], aux_layer_ids,
                         cfg["ttt_steps"], cfg["seed"])
+    # restored in `finally` below: a caller's later FlexAttention (tests run training in process) needs dynamo
+    dynamo_was_disabled = torch._dynamo.config.disable
     if not flex_attention_trains_on(device):
         log.info("FlexAttention has no backward on %s: using the dense-mask SDPA stand-in, without torch.compile", device)
         use_cpu_attention(draft)
@@ -575,6 +577,7 @@ def run_training(args: dict) -> None:
             metric_logger.removeHandler(handler)
         if bar is not None:
             bar.close()
+        torch._dynamo.config.disable = dynamo_was_disabled
         maybe_destroy_distributed()
 
 
