@@ -510,7 +510,7 @@ def test_answers_are_checked_cut_lengths_and_loops(tiny_target, tmp_path, caplog
                     tmp_path / "prepared" / "stats.json", name="chat")
     assert read_json(tmp_path / "prepared" / "stats.json")["regenerate"]["cut_share"] == 0.75
     table = display(stats_table(load_stats([tmp_path / "prepared" / "stats.json"]))).iloc[0]
-    assert table["cut at max_new_tokens"] == "75.0% (3 of 4)" and table["repetitive"] == "25.0% (1 of 4)"
+    assert table["cut at the token limit"] == "75.0% (3 of 4)" and table["loops"] == "25.0% (1 of 4)"
 
 
 def test_repetition_check():

@@ -385,9 +385,9 @@ def test_data_table_shows_what_regenerate_dropped(tmp_path):
     assert tuple(table.loc["raw", ["records read", "dropped by regenerate", "dropped by regenerate by reason"]]) == \
         ("10", "0", "none")
     # regenerate's answer checks: answers cut at max_new_tokens and stuck in a loop (none for a raw dataset)
-    assert (table.loc["chat", "cut at max_new_tokens"], table.loc["chat", "repetitive"]) == ("25.0% (9 of 36)",
+    assert (table.loc["chat", "cut at the token limit"], table.loc["chat", "loops"]) == ("25.0% (9 of 36)",
                                                                                              "5.6% (2 of 36)")
-    assert (table.loc["raw", "cut at max_new_tokens"], table.loc["raw", "repetitive"]) == ("—", "—")
+    assert (table.loc["raw", "cut at the token limit"], table.loc["raw", "loops"]) == ("—", "—")
     empty = pd.DataFrame(columns=["variant", "method", "acceptance_length", "category", "split", "epoch", "step",
                                   "loss", "train tokens", "acceptance length", "datasets"])
     line = next(x for x in findings({}, empty, stats, empty, empty, empty) if x.startswith("Training data"))

@@ -145,8 +145,8 @@ def stats_table(stats: pd.DataFrame) -> pd.DataFrame:
         return f"{100 * part / whole:.1f}% ({int(part)} of {int(whole)})"
 
     answers = df.pop("num_answers") if "num_answers" in df else pd.Series([None] * len(df), index=df.index)
-    checks = {"cut at max_new_tokens": df.pop("cut_at_max_new_tokens") if "cut_at_max_new_tokens" in df else None,
-              "repetitive": df.pop("repetitive_answers") if "repetitive_answers" in df else None}
+    checks = {"cut at the token limit": df.pop("cut_at_max_new_tokens") if "cut_at_max_new_tokens" in df else None,
+              "loops": df.pop("repetitive_answers") if "repetitive_answers" in df else None}
     df = df.rename(columns=lambda c: c.replace("_", " "))
     for name, counts in checks.items():
         df[name] = [share(c, n) for c, n in zip(counts if counts is not None else [None] * len(df), answers)]
