@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftsmith.io import read_json
+
 
 @dataclass
 class Finding:
@@ -32,7 +34,7 @@ def _check_samples(path: Path):
     from draftsmith.data.tokenization import read_samples
 
     samples = read_samples(path)
-    stats = json.loads((path.parent / "stats.json").read_text())
+    stats = read_json(path.parent / "stats.json")
     if stats["records_kept"] != len(samples["sample_id"]):
         raise ValueError(f"stats.json says {stats['records_kept']} records kept, samples.parquet has {len(samples['sample_id'])}")
     empty = [sid for sid, mask in zip(samples["sample_id"], samples["loss_mask"]) if not any(mask)]
@@ -53,7 +55,7 @@ def _check_vocab(vocab: Path):
 def _check_draft(draft: Path, vocab: tuple | None):
     from safetensors import safe_open
 
-    config = json.loads((draft / "config.json").read_text())
+    config = read_json(draft / "config.json")
     if config.get("speculators_model_type") != "eagle3" or not config.get("eagle_aux_hidden_state_layer_ids"):
         raise ValueError("config.json is not an EAGLE-3 speculators config with eagle_aux_hidden_state_layer_ids")
     import torch
@@ -112,7 +114,6 @@ def validate_results(config: dict, results: str | Path | None = None) -> list[Fi
     current target, shards, vocab map and prompts."""
     from draftsmith import artefacts
     from draftsmith.extraction.shards import validate_shard
-    from draftsmith.io import read_json
     from draftsmith.provenance import benchmark_inputs, draft_inputs, model_fingerprint, same_model
 
     if results is not None:

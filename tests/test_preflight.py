@@ -150,7 +150,7 @@ def test_vllm_backends_check_gpus_and_layer_zero(llama):
     report = run_preflight(vllm_config(extraction={"tensor_parallel_size": 2, "aux_layer_ids": [0, 2, 3]}),
                            str(llama), tokens=10, gpus=1)
     assert {"gpus (extraction)", "layer ids (vllm)"} <= set(failing(report))
-    assert "1 visible GPU(s) for tensor_parallel_size=2" in " ".join(report.problems)
+    assert "extraction.tensor_parallel_size=2 but 1 GPU(s) are visible" in " ".join(report.problems)
 
 
 needs_vllm = pytest.mark.skipif(source.package_dir("vllm") is None,

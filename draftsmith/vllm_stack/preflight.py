@@ -223,22 +223,27 @@ def check_eagle3_serving(report: Verdict, config: dict, text: dict, gpus: int) -
                    "draftsmith's test-only worker, for tests on a CPU; the offline benchmark works)")
 
 
-def check_extraction_gpus(report: Verdict, config: dict, gpus: int) -> None:
-    ext = config["extraction"]
-    if ext["backend"] == "vllm" and vllm_cpu_build() and gpus == 0:
-        report.add("gpus (extraction)", "ok", f"no visible GPU; the installed vLLM is the CPU build {vllm_cpu_build()}, "
+def check_engine_gpus(report: Verdict, config: dict, section: str, gpus: int) -> None:
+    """The GPUs of a stage that runs the target on one engine (`section`: extraction or regenerate): its
+    tensor_parallel_size with the vllm backend (a vLLM CPU build runs on the CPU), a cuda device with hf."""
+    cfg, name = config[section], f"gpus ({section})"
+    if cfg["backend"] == "vllm" and vllm_cpu_build() and gpus == 0:
+        report.add(name, "ok", f"no visible GPU; the installed vLLM is the CPU build {vllm_cpu_build()}, "
                    "whose engine runs on the CPU (a test stack: GPU nodes install envs/vllm.lock.txt)")
-    elif ext["backend"] == "vllm":
-        tp = ext["tensor_parallel_size"]
-        report.add("gpus (extraction)", "ok" if gpus >= tp else "fail",
-                   f"{gpus} visible GPU(s) for tensor_parallel_size={tp}")
+    elif cfg["backend"] == "vllm":
+        tp = cfg["tensor_parallel_size"]
+        report.add(name, "ok" if gpus >= tp else "fail",
+                   f"{section}.tensor_parallel_size={tp}; {gpus} visible GPU(s)" if gpus >= tp else
+                   f"{section}.tensor_parallel_size={tp} but {gpus} GPU(s) are visible")
+    elif cfg["device"].startswith("cuda") and gpus == 0:
+        report.add(name, "fail", f"{section}.device={cfg['device']!r} but no CUDA GPU is visible")
     else:
-        device = ext["device"]
-        if device.startswith("cuda") and gpus == 0:
-            report.add("gpus (extraction)", "fail", f"extraction.device={device!r} but no CUDA GPU is visible")
-        else:
-            report.add("gpus (extraction)", "ok", f"{gpus} visible GPU(s); extraction.device={device!r}"
-                       + (" runs on the CPU" if gpus == 0 else ""))
+        report.add(name, "ok", f"{gpus} visible GPU(s); {section}.device={cfg['device']!r}"
+                   + (" runs on the CPU" if gpus == 0 else ""))
+
+
+def check_extraction_gpus(report: Verdict, config: dict, gpus: int) -> None:
+    check_engine_gpus(report, config, "extraction", gpus)
 
 
 def check_benchmark_gpus(report: Verdict, config: dict, gpus: int) -> None:
@@ -271,23 +276,9 @@ def check_training_gpus(report: Verdict, config: dict, gpus: int) -> None:
 
 
 def check_regenerate_gpus(report: Verdict, config: dict, gpus: int) -> None:
-    """The regenerate job's GPUs (where a dataset regenerates): tensor_parallel_size for the vllm backend (a vLLM CPU
-    build runs on the CPU), a cuda device for hf."""
-    regen = config["regenerate"]
-    if not any(d.get("regenerate") for d in config["datasets"].values()):
-        return
-    if regen["backend"] == "vllm" and vllm_cpu_build() and gpus == 0:
-        report.add("gpus (regenerate)", "ok", f"no visible GPU; the installed vLLM is the CPU build {vllm_cpu_build()}, "
-                   "whose engine runs on the CPU (a test stack: GPU nodes install envs/vllm.lock.txt)")
-    elif regen["backend"] == "vllm":
-        tp = regen["tensor_parallel_size"]
-        report.add("gpus (regenerate)", "ok" if gpus >= tp else "fail",
-                   f"regenerate.tensor_parallel_size={tp}; {gpus} visible GPU(s)" if gpus >= tp else
-                   f"regenerate.tensor_parallel_size={tp} but {gpus} GPU(s) are visible")
-    elif regen["device"].startswith("cuda") and gpus == 0:
-        report.add("gpus (regenerate)", "fail", f"regenerate.device={regen['device']!r} but no CUDA GPU is visible")
-    else:
-        report.add("gpus (regenerate)", "ok", f"{gpus} visible GPU(s); regenerate.device={regen['device']!r}")
+    """The regenerate job's GPUs, where a dataset regenerates."""
+    if any(d.get("regenerate") for d in config["datasets"].values()):
+        check_engine_gpus(report, config, "regenerate", gpus)
 
 
 def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
