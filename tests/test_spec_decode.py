@@ -14,7 +14,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from draftsmith.benchmark.cuda_graphs import StepGraphs, prompt_bucket
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
     PromptLookupProposer,
@@ -27,6 +26,7 @@ from draftsmith.benchmark.spec_decode import (
 )
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
+from draftsmith.decoding.static_cache import StepGraphs, prompt_bucket
 from draftsmith.io import write_jsonl
 from draftsmith.target_model.embedded import build_embedded_target
 from draftsmith.target_model.spec import TargetSpec
@@ -330,7 +330,9 @@ def test_a_divergence_from_greedy_is_located_and_sized(tiny):
 
 def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     from draftsmith.benchmark.offline import run_offline_benchmark
-    from draftsmith.training.draft_model import load_draft  # noqa: F401  (the loader the benchmark uses)
+    from draftsmith.training.draft_model import (
+        load_draft,  # noqa: F401  (the loader the benchmark uses)
+    )
 
     draft_dir = tiny["root"] / "draft"
     tiny["trained"].save_pretrained(draft_dir)

@@ -26,18 +26,17 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.cuda_graphs import prompt_bucket
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
     PromptLookupProposer,
     TargetModel,
     divergence_gap,
-    full_attention_sdpa,
     greedy_decode,
     speculative_decode,
 )
 from draftsmith.benchmark.step_costs import measure_step_costs
+from draftsmith.decoding.static_cache import full_attention_sdpa, prompt_bucket
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config

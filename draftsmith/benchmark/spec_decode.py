@@ -28,15 +28,16 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from draftsmith.benchmark.cuda_graphs import (
+from draftsmith.decoding.static_cache import (
     StaticKV,
     StepGraphs,
+    full_attention_sdpa,
     positions_and_mask,
     prompt_bucket,
     prompt_buckets,
     reserved,
 )
-from draftsmith.target_model.layers import find_decoder, text_config
+from draftsmith.target_model.layers import find_decoder
 
 
 @dataclass
@@ -91,15 +92,6 @@ def causal_mask(past: int, q: int, device) -> torch.Tensor:
     """Boolean SDPA mask [1, 1, q, past + q] for q new positions after `past` cached ones (True = attend)."""
     keys = torch.arange(past + q, device=device)
     return (keys[None, :] <= keys[past:, None]).view(1, 1, q, past + q)
-
-
-def full_attention_sdpa(model) -> bool:
-    """Whether every layer attends to the whole prefix through SDPA: then draftsmith builds the masks itself
-    and can keep the KV cache static (no sliding windows, whose masks transformers must build)."""
-    config = text_config(model.config)
-    return (getattr(model.config, "_attn_implementation", None) == "sdpa"
-            and not getattr(config, "sliding_window", None)
-            and "sliding_attention" not in (getattr(config, "layer_types", None) or []))
 
 
 class TargetModel:

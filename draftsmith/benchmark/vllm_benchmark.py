@@ -21,7 +21,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from draftsmith.benchmark.prometheus import counter_delta
-from draftsmith.benchmark.results import BASELINE, accept_columns, finish_rows, summarise
+from draftsmith.benchmark.results import (
+    BASELINE,
+    accept_columns,
+    finish_rows,
+    summarise,
+)
 from draftsmith.benchmark.vllm_server import (
     ServerError,
     VllmServer,

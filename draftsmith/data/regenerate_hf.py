@@ -1,10 +1,16 @@
-"""The `hf` regenerate backend: transformers' `generate` in left-padded batches (CPU or one GPU).
+"""The `hf` regenerate backend: a Hugging Face model on the CPU or one GPU.
 
-Requests of a chunk are sorted longest first (similar lengths share a batch), `batch_size` at a time, left-padded
-with the tokenizer's pad token (else the first stop token). Greedy is `generate`'s own greedy search. Sampling
-draws each row's token with that row's own generator, seeded by its request (`SeededSampler`): temperature, top-k
-and top-p as transformers' warpers apply them, then one multinomial draw per row, so an answer depends on its
-prompt and seed, not on which other prompts share its batch or chunk.
+A full-attention SDPA model (Llama, Qwen, SmolLM2, ...) decodes with draftsmith.decoding.batch: `batch_size` rows
+over a static KV cache, each row refilled with the next prompt as soon as its answer ends, the decode step replayed
+as a CUDA graph on a GPU. Sampling there draws from seeded counter-based noise per row (`choose_tokens`).
+
+Any other model (sliding-window attention, ...) goes through transformers' `generate` in left-padded batches:
+requests sorted longest first, `batch_size` at a time, left-padded with the pad token (else the first stop token).
+Greedy is `generate`'s own greedy search. Sampling draws each row's token with that row's own generator, seeded by
+its request (`SeededSampler`): temperature, top-k and top-p as transformers' warpers apply them, then one
+multinomial draw per row.
+
+Either way an answer depends on its prompt and seed, not on which other prompts share its batch or chunk.
 """
 
 from __future__ import annotations
@@ -14,9 +20,13 @@ import logging
 import torch
 from transformers import LogitsProcessor
 
+from draftsmith.decoding.batch import BatchDecoder, Sampling
+from draftsmith.decoding.static_cache import full_attention_sdpa
 from draftsmith.target_model.spec import TargetSpec
 
 log = logging.getLogger(__name__)
+
+BATCH_DECODER = "draftsmith.decoding.batch v1"
 
 
 class SeededSampler(LogitsProcessor):
@@ -59,8 +69,10 @@ class HFBackend:
         if self.batch_size < 1:
             raise ValueError("regenerate.batch_size must be >= 1")
         self.model = model
-        # what else determines the answers, beyond the sampling settings (the driver's fingerprint has dtype)
-        self.settings: dict = {}
+        self.decoder: BatchDecoder | None = None
+        # what else determines the answers, beyond the sampling settings (the driver's fingerprint has dtype): the
+        # batched decoder samples with its own noise, so its answers are not those of the generate path before it
+        self.settings: dict = {"decoder": BATCH_DECODER}
 
     def prompt_limit(self, lengths: list[int], max_new_tokens: int) -> int | None:
         """No limit of its own: transformers generates past any length (seq_length is the driver's check)."""
@@ -69,11 +81,26 @@ class HFBackend:
     def generate(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
         """One answer per request (`prompt_ids`, `seed`), in order: `token_ids` (without the stop token) and
         `finish_reason` (`stop` or `length`). `gen`: max_new_tokens, temperature, top_p, top_k, stop_ids, pad_id."""
-        from transformers import LogitsProcessorList
-
         if self.model is None:
             log.info("loading %s (%s, %s) for generate", self.target.model, self.dtype, self.device)
             self.model = self.target.load_causal_lm(getattr(torch, self.dtype)).to(self.device).eval()
+        if full_attention_sdpa(self.model):
+            return self._generate_batched(requests, gen, progress)
+        return self._generate_padded(requests, gen, progress)
+
+    def _generate_batched(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
+        if self.decoder is None:
+            on_gpu = next(self.model.parameters()).device.type == "cuda"
+            self.decoder = BatchDecoder(self.model, self.batch_size, sync_every=8 if on_gpu else 1)
+        sampling = Sampling(gen["temperature"], gen["top_p"], gen["top_k"])
+        answers = self.decoder.generate([r["prompt_ids"] for r in requests], gen["max_new_tokens"], gen["stop_ids"],
+                                        sampling, [r["seed"] for r in requests], progress)
+        return [{"token_ids": tokens, "finish_reason": reason} for tokens, reason in answers]
+
+    def _generate_padded(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
+        """transformers `generate` in left-padded batches (models the batched decoder cannot take)."""
+        from transformers import LogitsProcessorList
+
         model, stops = self.model, sorted(gen["stop_ids"])
         pad = gen["pad_id"]
         order = sorted(range(len(requests)), key=lambda i: (-len(requests[i]["prompt_ids"]), i))
@@ -106,4 +133,4 @@ class HFBackend:
         return [answers[i] for i in range(len(requests))]
 
     def close(self):
-        self.model = None
+        self.model = self.decoder = None

@@ -1,4 +1,5 @@
-"""Fixed-address decoding state for batch-1 loops: a static KV cache and CUDA-graph replay.
+"""Fixed-address decoding state: a static KV cache and CUDA-graph replay (the benchmark's batch-1 loops; the
+batched decoder of draftsmith.decoding.batch builds on the same pieces).
 
 At batch 1 an eager decode step of a small model is launch-bound: hundreds of kernel launches from
 Python cost far more than the kernels. A step whose tensors all live at fixed addresses (the KV cache
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from draftsmith.target_model.layers import text_config
 
 
 class StaticKV:
@@ -103,3 +106,12 @@ def reserved(cache: StaticKV | None, capacity: int, graphs: StepGraphs, granule:
         return cache
     graphs.clear()
     return StaticKV(-(-capacity // granule) * granule)
+
+
+def full_attention_sdpa(model) -> bool:
+    """Whether every layer attends to the whole prefix through SDPA: then draftsmith builds the masks itself
+    and can keep the KV cache static (no sliding windows, whose masks transformers must build)."""
+    config = text_config(model.config)
+    return (getattr(model.config, "_attn_implementation", None) == "sdpa"
+            and not getattr(config, "sliding_window", None)
+            and "sliding_attention" not in (getattr(config, "layer_types", None) or []))

@@ -1,0 +1,315 @@
+"""Batched decoding with continuous refill over a static KV cache (regenerate's fast path).
+
+`BatchDecoder.generate` answers many prompts with `batch_size` rows decoding side by side. Each row holds one
+sequence: its prompt left-padded into the row's cache slots (`starts`: where the prompt begins), its own write
+slot, its own position ids (slot - start) and its own mask (slots start..slot). A decode step advances every row
+by one token on the device alone: the model's forward, the choice of the next token, the row's output buffer, its
+length and its stop check. So on CUDA the step is captured once as a CUDA graph and replayed, and the host only
+looks every `sync_every` steps: a row whose answer ended (a stop token or max_new_tokens) hands its answer back
+and takes the next prompt at once (a batched prefill of every free row), so early end-of-turn wastes no slot for
+longer than `sync_every` steps. The same code runs eagerly on a CPU, where the tests compare it with `generate`.
+
+Rows are independent: a row's tokens depend on its prompt (and for sampling its seed) alone, not on which prompts
+share the batch or when it was refilled. Sampling draws with Gumbel noise from a counter-based hash of (seed,
+token index, vocabulary id), the same on every device, with temperature, top-k and top-p applied first.
+
+Attention (`grouped_sdpa`, registered with transformers as `draftsmith_grouped_sdpa`) hands the KV heads to
+SDPA unrepeated: the query heads that share a KV head become extra query rows of it. transformers' own SDPA path
+copies every KV head to each of its query heads once a mask is given, and at a large batch those copies, not the
+matrix products, are what a decode step's time goes to.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+
+from draftsmith.decoding.static_cache import full_attention_sdpa
+
+log = logging.getLogger(__name__)
+
+GROUPED_SDPA = "draftsmith_grouped_sdpa"
+SLOT_GRANULE = 64  # cache length rounded up to this, so chunks of similar prompts share one captured step
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """SDPA with grouped-query attention as extra query rows: query [B, H, q, D], key/value [B, KV, S, D],
+    mask [B, 1, q, S] (boolean, True = attend). Returns [B, q, H, D] as transformers' attention functions do."""
+    b, heads, q, d = query.shape
+    kv = key.shape[1]
+    group = heads // kv
+    query = query.reshape(b, kv, group * q, d)
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[:, :, None].expand(b, mask.shape[1], group, q, mask.shape[-1]).reshape(b, -1, group * q, mask.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling)
+    return out.view(b, kv, group, q, d).reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+
+
+class BatchKV:
+    """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
+
+    Two kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
+    itself), and a decode step of every row (one token at each row's `decode_slots`, attending to the whole row).
+    """
+
+    def __init__(self, rows: int, length: int):
+        self.rows, self.length = rows, length
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.prefill_rows: torch.Tensor | None = None
+        self.decode_slots: torch.Tensor | None = None
+        self._all_rows: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None):
+        if layer_idx not in self.keys:
+            shape = (self.rows, key.shape[1], self.length, key.shape[3])
+            self.keys[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=key.device)
+            self.values[layer_idx] = torch.zeros(shape, dtype=value.dtype, device=value.device)
+            self._all_rows = torch.arange(self.rows, device=key.device)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.prefill_rows is not None:
+            width = key.shape[2]
+            keys[self.prefill_rows, :, :width] = key
+            values[self.prefill_rows, :, :width] = value
+            return key, value
+        keys[self._all_rows, :, self.decode_slots] = key[:, :, 0]  # [rows, KV, D] at each row's slot
+        values[self._all_rows, :, self.decode_slots] = value[:, :, 0]
+        return keys, values
+
+
+@dataclass
+class Sampling:
+    """How the next token is chosen: greedy at temperature 0, else seeded sampling (top_k 0 and top_p 1: off)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+# splitmix64's constants as signed 64-bit integers (torch's int64 arithmetic wraps)
+_GOLDEN, _MIX1, _MIX2 = -7046029254386353131, -4658895280553007687, -7723592293110705685
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift of int64 (torch's `>>` keeps the sign)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) floats [rows, vocab]: splitmix64 of (seed, token index, vocabulary id), the same on any device."""
+    ids = torch.arange(vocab, device=seeds.device)
+    z = (seeds[:, None] * _GOLDEN + steps[:, None] * _MIX1) ^ ids[None, :]
+    z = z + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return (_shift_right(z, 41).float() + 0.5) / float(1 << 23)  # 23 bits: exact in float32, never 0 or 1
+
+
+def choose_tokens(logits: torch.Tensor, sampling: Sampling, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """The next token of each row [rows] from its logits [rows, vocab]; `steps`: each row's index of that token."""
+    if sampling.greedy:
+        return logits.argmax(-1)
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k > 0:
+        kth = scores.topk(min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        ordered, order = scores.sort(dim=-1, descending=True)
+        probs = ordered.softmax(-1)
+        beyond = (probs.cumsum(-1) - probs) > sampling.top_p  # the most likely token always stays
+        scores = scores.scatter(-1, order, ordered.masked_fill(beyond, float("-inf")))
+    gumbel = -torch.log(-torch.log(uniform_noise(seeds, steps, scores.shape[-1])))
+    return (scores + gumbel).argmax(-1)
+
+
+class BatchDecoder:
+    """Decodes prompts `batch_size` at a time on `model` (a full-attention SDPA causal LM, already on its device),
+    refilling each row as its answer ends; `cuda_graphs` replays the decode step on CUDA."""
+
+    def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8):
+        if not full_attention_sdpa(model):
+            raise ValueError("the batched decoder needs a full-attention SDPA model (no sliding windows)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.batch_size = batch_size
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device (here {self.device.type})")
+        self.sync_every = max(1, sync_every)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # every config the attention layers read their implementation from (a multimodal model nests one)
+        self._configs = list({id(m.config): m.config for m in model.modules()
+                              if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
+        self._shape = None  # (cache length, max_new_tokens, sampling, stops) of the state below
+        self._graph = None
+
+    # ------------------------------------------------------------------ state
+    def _reset(self, length: int, max_new_tokens: int, sampling: Sampling, stop_ids: list[int]) -> None:
+        shape = (length, max_new_tokens, sampling, tuple(stop_ids))
+        if shape == self._shape:
+            self.finished.fill_(True)
+            return
+        self._graph = None
+        self._shape = shape
+        rows, device = self.batch_size, self.device
+
+        def zeros(*size, dtype=torch.long):
+            return torch.zeros(size, dtype=dtype, device=device)
+
+        self.cache = BatchKV(rows, length)
+        self.length, self.max_new_tokens, self.sampling = length, max_new_tokens, sampling
+        self.tokens, self.slots, self.starts, self.lengths, self.seeds = (zeros(rows) for _ in range(5))
+        self.finished = torch.ones(rows, dtype=torch.bool, device=device)  # a finished row is free
+        self.out = zeros(rows, max_new_tokens)
+        self.stops = torch.tensor(stop_ids or [-1], dtype=torch.long, device=device)
+        self.all_rows = torch.arange(rows, device=device)
+        self.key_slots = torch.arange(length, device=device)
+        self.cache_position = zeros(1)
+        self.cache.decode_slots = self.slots
+
+    def _forward(self, input_ids, mask, position_ids, cache_position):
+        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
+        implementations = [c._attn_implementation for c in self._configs]
+        for config in self._configs:
+            config._attn_implementation = GROUPED_SDPA
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                             cache_position=cache_position, past_key_values=self.cache, use_cache=True, **extra)
+        finally:
+            for config, implementation in zip(self._configs, implementations):
+                config._attn_implementation = implementation
+        return out.logits[:, -1]
+
+    # ------------------------------------------------------------------ the two kinds of forward
+    def _prefill(self, rows: list[int], prompts: list[list[int]], seeds: list[int]) -> None:
+        """Write `prompts` into cache `rows` (left-padded to the longest) and choose each one's first token."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
+        for r, prompt in enumerate(prompts):
+            ids[r, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        ids, starts = ids.to(self.device), starts.to(self.device)
+        index = torch.arange(width, device=self.device)
+        # causal within the prompt, from its start; a padding position attends to itself (finite, never read)
+        mask = (index[None, None, :] <= index[None, :, None]) & (
+            (index[None, None, :] >= starts[:, None, None]) | (index[None, None, :] == index[None, :, None]))
+        positions = (index[None, :] - starts[:, None]).clamp(min=0)
+        row_ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.cache.prefill_rows = row_ids
+        try:
+            logits = self._forward(ids, mask[:, None], positions, index)
+        finally:
+            self.cache.prefill_rows = None
+        row_seeds = torch.tensor(seeds, dtype=torch.long, device=self.device)
+        first = choose_tokens(logits, self.sampling, row_seeds, torch.zeros_like(row_seeds))
+        self.tokens[row_ids] = first
+        self.slots[row_ids] = width
+        self.starts[row_ids] = starts
+        self.seeds[row_ids] = row_seeds
+        self.lengths[row_ids] = 1
+        self.out[row_ids, 0] = first
+        self.finished[row_ids] = (first[:, None] == self.stops[None, :]).any(-1) | (self.max_new_tokens <= 1)
+
+    def _step(self) -> None:
+        """One token for every row, on the device alone (what a CUDA graph captures)."""
+        rows = self.batch_size
+        mask = (self.key_slots[None, :] <= self.slots[:, None]) & (self.key_slots[None, :] >= self.starts[:, None])
+        logits = self._forward(self.tokens[:, None], mask.view(rows, 1, 1, self.length),
+                               (self.slots - self.starts)[:, None], self.cache_position)
+        chosen = choose_tokens(logits, self.sampling, self.seeds, self.lengths)
+        active = ~self.finished
+        at = self.lengths.clamp(max=self.max_new_tokens - 1)
+        self.out[self.all_rows, at] = torch.where(active, chosen, self.out[self.all_rows, at])
+        self.lengths += active.long()
+        stopped = (chosen[:, None] == self.stops[None, :]).any(-1)
+        self.finished |= active & (stopped | (self.lengths >= self.max_new_tokens))
+        self.tokens.copy_(chosen)
+        self.slots.copy_((self.slots + 1).clamp(max=self.length - 1))  # a free row writes its last slot, unread
+
+    def _steps(self, n: int) -> None:
+        if not self.cuda_graphs:
+            for _ in range(n):
+                self._step()
+            return
+        if self._graph is None:  # captured while every row is free: the warm-up's writes are never read
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step()
+            torch.cuda.current_stream().wait_stream(stream)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._step()
+        for _ in range(n):
+            self._graph.replay()
+
+    # ------------------------------------------------------------------ the loop
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_ids, sampling: Sampling | None = None,
+                 seeds: list[int] | None = None, progress=None) -> list[tuple[list[int], str]]:
+        """(tokens without the stop token, "stop" or "length") for each prompt, in order."""
+        if not prompts:
+            return []
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        sampling = sampling or Sampling()
+        seeds = list(seeds) if seeds is not None else [0] * len(prompts)
+        stop_set = set(stop_ids)
+        longest = max(len(p) for p in prompts)
+        length = -(-(longest + max_new_tokens) // SLOT_GRANULE) * SLOT_GRANULE
+        if self.cuda_graphs and self._graph is None and self._shape is not None and self._shape[0] > length:
+            length = self._shape[0]
+        self._reset(length, max_new_tokens, sampling, sorted(stop_set))
+        if self.cuda_graphs and self._graph is None:
+            self._steps(0)  # capture now, while every row is free
+
+        queue = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))[::-1]  # pop() takes the longest
+        owner = [-1] * self.batch_size
+        answers: list[tuple[list[int], str] | None] = [None] * len(prompts)
+        free = list(range(self.batch_size))
+        refill_at = max(1, self.batch_size // 16)
+        while queue or len(free) < self.batch_size:
+            busy = self.batch_size - len(free)
+            if queue and free and (len(free) >= min(refill_at, len(queue)) or not busy):
+                take = [queue.pop() for _ in range(min(len(free), len(queue)))]
+                rows = [free.pop() for _ in take]
+                for row, i in zip(rows, take):
+                    owner[row] = i
+                self._prefill(rows, [prompts[i] for i in take], [seeds[i] for i in take])
+            self._steps(self.sync_every if self.batch_size - len(free) else 0)
+            finished = self.finished.tolist()  # the host's one look per sync_every steps
+            done = [row for row in range(self.batch_size) if finished[row] and owner[row] >= 0]
+            if not done:
+                continue
+            done_rows = torch.tensor(done, device=self.device)
+            outs, lengths = self.out[done_rows].tolist(), self.lengths[done_rows].tolist()
+            for row, out, n in zip(done, outs, lengths):
+                tokens = out[:n]
+                if tokens and tokens[-1] in stop_set:
+                    answers[owner[row]] = (tokens[:-1], "stop")
+                else:
+                    answers[owner[row]] = (tokens, "length")
+                owner[row] = -1
+                free.append(row)
+            if progress is not None:
+                progress(len(done))
+        return answers

@@ -1,0 +1,143 @@
+"""The batched decoder (draftsmith.decoding.batch) against transformers' own greedy `generate`, on real targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from draftsmith.data.regenerate_hf import HFBackend
+from draftsmith.decoding.batch import BatchDecoder, Sampling, uniform_noise
+from draftsmith.target_model.spec import TargetSpec, stop_token_ids
+
+QUESTIONS = ["What is 12 + 7?", "What is the capital of France?", "Count from 3 to 9.", "Say hi.",
+             "Reverse the order of these words: apple river stone", "List the first 4 multiples of 3.",
+             "Write this in capital letters: green table", "What is 3 times 4? Answer, then say why, then stop.",
+             "Sort these numbers: 9 2 7 4", "Name a colour.", "What comes after Monday?",
+             "Spell the word table backwards, one letter at a time, and then count the letters."]
+
+
+def rendered(tokenizer, questions) -> list[list[int]]:
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+            for q in questions]
+
+
+def generate_one(model, prompt: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], str]:
+    """Plain greedy `generate` of one prompt (no padding), cut as the decoder cuts: the reference."""
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stops),
+                         pad_token_id=sorted(stops)[0])[0, len(prompt):].tolist()
+    cut = next((i for i, t in enumerate(out) if t in stops), None)
+    return (out, "length") if cut is None else (out[:cut], "stop")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target):
+    spec = TargetSpec(str(tiny_target))
+    model = spec.load_causal_lm(torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    return model, tokenizer, set(stop_token_ids(tokenizer, model))
+
+
+@pytest.mark.parametrize("batch_size,sync_every", [(1, 1), (3, 1), (5, 4), (16, 2)])
+def test_greedy_rows_equal_plain_generate_with_refill_and_early_stops(tiny, batch_size, sync_every):
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS)
+    decoder = BatchDecoder(model, batch_size, sync_every=sync_every)
+    got = decoder.generate(prompts, 24, stops)
+    with torch.inference_mode():
+        want = [generate_one(model, p, 24, stops) for p in prompts]
+    assert got == want
+    reasons = {reason for _, reason in want}
+    assert reasons == {"stop", "length"}  # rows end early and at the limit, so rows are refilled mid-decode
+    assert len({len(p) for p in prompts}) > 5  # prompts of different lengths share the batch
+
+
+def test_a_decoder_reused_for_another_chunk_of_other_lengths_gives_the_same_answers(tiny):
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS)
+    decoder = BatchDecoder(model, 4)
+    first = decoder.generate(prompts[:5], 12, stops)
+    longer = decoder.generate(prompts[5:], 30, stops)  # a longer cache: new state, same rows
+    again = decoder.generate(prompts[:5], 12, stops)
+    assert first == again
+    assert longer == BatchDecoder(model, 7).generate(prompts[5:], 30, stops)
+
+
+def test_smollm2_grouped_query_attention_rows_equal_plain_generate(imported):
+    """The embedded default (SmolLM2-135M-Instruct: 9 query heads share 3 KV heads) in float32."""
+    _, _, model, tokenizer = imported
+    model = model.float().eval()
+    stops = stop_token_ids(tokenizer, model)
+    prompts = rendered(tokenizer, QUESTIONS[:6])
+    got = BatchDecoder(model, 4).generate(prompts, 16, stops)
+    with torch.inference_mode():
+        assert got == [generate_one(model, p, 16, stops) for p in prompts]
+
+
+def test_sampled_rows_depend_on_prompt_and_seed_only(tiny):
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS)
+    sampling = Sampling(temperature=1.0, top_p=0.95, top_k=50)
+    seeds = list(range(100, 100 + len(prompts)))
+    one = BatchDecoder(model, 3).generate(prompts, 20, stops, sampling, seeds)
+    reversed_order = BatchDecoder(model, 8, sync_every=3).generate(prompts[::-1], 20, stops, sampling, seeds[::-1])
+    assert one == reversed_order[::-1]
+    other_seeds = BatchDecoder(model, 3).generate(prompts, 20, stops, sampling, [s + 1 for s in seeds])
+    assert other_seeds != one
+    greedy = BatchDecoder(model, 3).generate(prompts, 20, stops)
+    assert one != greedy
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0.7, top_k=1), Sampling(temperature=0.7, top_p=1e-6)])
+def test_sampling_cut_to_the_most_likely_token_is_greedy(tiny, sampling):
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS[:6])
+    assert BatchDecoder(model, 4).generate(prompts, 16, stops, sampling, list(range(6))) == \
+        BatchDecoder(model, 4).generate(prompts, 16, stops)
+
+
+def test_sampling_noise_is_uniform_and_independent_per_seed_and_step():
+    seeds, steps = torch.tensor([0, 1, 2**31 - 1, 0]), torch.tensor([0, 0, 5, 1])
+    u = uniform_noise(seeds, steps, 50_000)
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    edges = uniform_noise(torch.tensor([0]), torch.tensor([0]), 1 << 20)  # 2^20 draws: none rounds to 0 or 1
+    assert 0 < float(edges.min()) and float(edges.max()) < 1 and float(edges.max()) > 1 - 1e-5
+    counts = torch.histc(u.flatten(), bins=10, min=0, max=1)
+    assert float((counts / counts.mean() - 1).abs().max()) < 0.03
+    assert not torch.equal(u[0], u[3]) and not torch.equal(u[0], u[1])  # another step, another seed: other noise
+    assert abs(float(torch.corrcoef(torch.stack([u[0], u[3]]))[0, 1])) < 0.03
+    assert torch.equal(u, uniform_noise(seeds, steps, 50_000))
+
+
+def test_the_hf_backend_answers_alike_through_the_batched_decoder_and_generate(tiny_target):
+    """An SDPA model takes the batched decoder; the same weights with eager attention (as a model the decoder cannot
+    take) go through left-padded `generate`: the same greedy answers."""
+    spec = TargetSpec(str(tiny_target))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    model = spec.load_causal_lm(torch.float32).eval()
+    stops = sorted(stop_token_ids(tokenizer, model))
+    requests = [{"prompt_ids": p, "seed": 0} for p in rendered(tokenizer, QUESTIONS)]
+    gen = {"max_new_tokens": 20, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop_ids": stops,
+           "pad_id": stops[0]}
+    batched = HFBackend(spec, {"batch_size": 4}, model=model)
+    eager = spec.load_causal_lm(torch.float32).eval()
+    eager.config._attn_implementation = "eager"
+    padded = HFBackend(spec, {"batch_size": 4}, model=eager)
+    got = batched.generate(requests, gen)
+    assert batched.decoder is not None and padded.decoder is None
+    assert got == padded.generate(requests, gen)
+    assert padded.decoder is None
+
+
+def test_bad_arguments_are_named(tiny):
+    model, tokenizer, stops = tiny
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        BatchDecoder(model, 0)
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        BatchDecoder(model, 2, cuda_graphs=True)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        BatchDecoder(model, 2).generate(rendered(tokenizer, QUESTIONS[:1]), 0, stops)
+    eager = type(model)._from_config(model.config, attn_implementation="eager")
+    with pytest.raises(ValueError, match="full-attention SDPA"):
+        BatchDecoder(eager, 2)
