@@ -63,7 +63,8 @@ def expected_outputs(config: dict) -> dict[str, list[Path]]:
     if offline_reference(config):
         out["benchmark_offline_reference"] = [r / "benchmark" / v / "offline" / name for v in variants
                                               for name in BENCHMARK_FILES]
-    out["report"] = [r / "report" / "report.html", r / "report" / "report.md", r / "report" / "figures"]
+    out["report"] = [r / "report" / "report.html", r / "report" / "report.md", r / "report" / "learning_curve.csv",
+                     r / "report" / "figures"]
     return out
 
 

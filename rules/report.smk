@@ -27,6 +27,8 @@ rule report:
     output:
         html=R / "report" / "report.html",
         md=R / "report" / "report.md",
+        # the learning curve as data (draftsmith.report.learning_curve)
+        curve=R / "report" / "learning_curve.csv",
         figures=report(
             directory(R / "report" / "figures"),
             patterns=["{name}.png"],

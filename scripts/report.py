@@ -16,6 +16,7 @@ def main(smk):
         out_md=smk.output.md,
         figures_dir=smk.output.figures,
         reference=smk.input.reference,
+        out_csv=smk.output.curve,
     )
 
 

@@ -194,7 +194,7 @@ def built(inputs):
     root, paths = inputs
     out = root / "out"
     tables = build_report(**paths, config=workflow_config(root), out_html=out / "report.html",
-                          out_md=out / "report.md", figures_dir=out / "figures")
+                          out_md=out / "report.md", figures_dir=out / "figures", out_csv=out / "learning_curve.csv")
     return out, tables, paths
 
 
@@ -306,6 +306,39 @@ def test_data_size_table_and_finding(built):
             paths["summaries"][list(VARIANTS).index(variant)])["methods"]["eagle3_draft"]["acceptance_length"]
     assert table.loc["wide", "train samples"] < table.loc["default", "train samples"]
     assert "What the amount of training data buys" in (out / "report.md").read_text()
+
+
+def test_learning_curve_table_and_csv_from_the_inputs(built):
+    """One row per variant: validation's accuracies per TTT step (the last validation row of metrics.csv), the chain
+    acceptance they predict for the benchmark's k, and the benchmark's acceptance and speedup; the same in the report's
+    table (HTML) and in learning_curve.csv."""
+    out, tables, paths = built
+    curve = pd.read_csv(out / "learning_curve.csv")
+    assert list(curve["variant"]) == list(tables["learning_curve"]["variant"])
+    assert curve["train_tokens"].is_monotonic_increasing
+    assert {"variant", "data_fraction", "train_tokens", "acceptance_length", "predicted_acceptance_length",
+            "speedup", *(f"val_full_acc_{i}" for i in range(TTT))} <= set(curve.columns)
+    shown = html_tables(out / "report.html")["table-data_size"].set_index("variant")
+    for row in curve.to_dict("records"):
+        variant = row["variant"]
+        summary = read_json(paths["summaries"][list(VARIANTS).index(variant)])
+        draft = summary["methods"]["eagle3_draft"]
+        assert row["acceptance_length"] == pytest.approx(draft["acceptance_length"])
+        assert row["tokens_per_drafted_round"] == pytest.approx(draft["tokens_per_drafted_round"])
+        assert row["speedup"] == pytest.approx(draft["speedup"])
+        assert row["num_speculative_tokens"] == summary["num_speculative_tokens"] == K
+        data = read_json(paths["training_data"][list(VARIANTS).index(variant)])
+        assert (row["train_tokens"], row["data_fraction"]) == (data["train_tokens"], VARIANTS[variant]["data_fraction"])
+        metrics = pd.read_csv(paths["metrics"][list(VARIANTS).index(variant)])
+        last_val = metrics[metrics["split"] == "val"].iloc[-1]
+        accs = [float(last_val[f"full_acc_{i}"]) for i in range(TTT)]
+        assert [row[f"val_full_acc_{i}"] for i in range(TTT)] == pytest.approx(accs)
+        assert row["predicted_acceptance_length"] == pytest.approx(1 + sum(accs[:K]))
+        # k = TTT here: the prediction is the one training wrote into metrics.csv
+        assert row["predicted_acceptance_length"] == pytest.approx(last_val["predicted_acceptance_length"])
+        assert shown.loc[variant, "predicted acceptance length"] == fmt(row["predicted_acceptance_length"])
+        assert shown.loc[variant, "val full acc per TTT step"] == fmt(accs)
+        assert shown.loc[variant, "speedup"] == fmt(row["speedup"], 2)
 
 
 def test_findings_are_computed_from_the_benchmark(built):

@@ -12,7 +12,8 @@ from draftsmith.io import write_json
 from draftsmith.report.load import load_summaries
 from draftsmith.report.render import render_html, render_markdown
 from draftsmith.report.tables import acceptance_by_category, category_findings
-from draftsmith.report.verdict import best_k, predicted_round, predicted_table, verdict_lines
+from draftsmith.report.verdict import best_k, predicted_table, verdict_lines
+from draftsmith.training.acceptance import predicted_acceptance_length
 
 K = 3
 DATA_SIZE = pd.DataFrame([{"variant": "v", "datasets": "all", "data fraction": 1.0, "train samples": 100,
@@ -132,8 +133,8 @@ def test_a_single_timed_run_is_read_as_unconfirmed(tmp_path):
 
 def test_validation_predicts_the_chain_acceptance_beside_the_measured_one(tmp_path):
     """speculators' full_acc_i is cumulative (steps 0..i all correct): 1 + a0 + a1 + a2 tokens per drafted round."""
-    assert predicted_round([0.776, 0.577, 0.439], 3) == pytest.approx(2.792)
-    assert predicted_round([0.776, 0.577, 0.439], 1) == pytest.approx(1.776)  # k = 1 drafts one token
+    assert predicted_acceptance_length([0.776, 0.577, 0.439], 3) == pytest.approx(2.792)
+    assert predicted_acceptance_length([0.776, 0.577, 0.439], 1) == pytest.approx(1.776)  # k = 1 drafts one token
     by_variant, methods = load(tmp_path, summary(NOISY))
     training = pd.DataFrame([{"variant": "v", "val full acc 0": 0.776, "val full acc 1": 0.577, "val full acc 2": 0.439}])
     predicted = predicted_table(training, methods, by_variant)

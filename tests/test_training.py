@@ -306,6 +306,55 @@ def test_a_state_without_fingerprint_trains_afresh(finished_run, training_inputs
     assert read_json(state / "fingerprint.json") == read_json(old / "state" / "fingerprint.json")
 
 
+def test_every_validation_predicts_the_chain_acceptance_length(training_inputs, tiny_target, caplog):
+    """speculators' full_acc_i is cumulative (steps 0..i all right), so each validation row of metrics.csv carries
+    1 + full_acc_0 + full_acc_1, its log line says it, and training_data.json keeps the last validation's."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="draftsmith.training"):
+        out, rows = train(training_inputs, tiny_target, "predicted", epochs=2)
+    val = [r for r in rows if r["split"] == "val"]
+    assert [r["epoch"] for r in val] == ["0", "1"]
+    assert all(r["predicted_acceptance_length"] == "" for r in rows if r["split"] == "train")
+    for r in val:
+        accs = [float(r[f"full_acc_{i}"]) for i in range(TRAINING["ttt_steps"])]
+        predicted = float(r["predicted_acceptance_length"])
+        assert predicted == pytest.approx(1 + sum(accs)) and 1 < predicted <= 1 + TRAINING["ttt_steps"]
+        assert (f"epoch {r['epoch']} validation: predicted acceptance length {predicted:.3f} tokens per drafted round "
+                f"(1 + full accuracies {accs[0]:.3f} + {accs[1]:.3f}); loss_0=") in caplog.text
+        # cumulative, as read in speculators' compute_accuracy: full_acc_1 = full_acc_0 x cond_acc_1 (one batch here)
+        assert accs[1] == pytest.approx(accs[0] * float(r["cond_acc_1"]), rel=0.02)
+    assert float(val[-1]["full_acc_0"]) > 0  # the trained draft predicts something
+    last = read_json(out / "training_data.json")["validation"]
+    assert last["epoch"] == 1 and last["step"] == int(val[-1]["step"])
+    assert last["full_acc"] == [float(val[-1][f"full_acc_{i}"]) for i in range(TRAINING["ttt_steps"])]
+    assert last["cond_acc"] == [float(val[-1][f"cond_acc_{i}"]) for i in range(TRAINING["ttt_steps"])]
+    assert last["predicted_acceptance_length"] == float(val[-1]["predicted_acceptance_length"])
+
+
+def test_a_resumed_run_brings_an_older_metrics_csv_to_todays_columns(finished_run, training_inputs, tiny_target,
+                                                                      caplog):
+    """A state whose metrics.csv an older draftsmith wrote (no predicted_acceptance_length): resuming keeps its rows
+    and gives its validation rows the prediction, instead of appending rows under another header."""
+    old, old_rows = finished_run
+    name = "older_metrics"
+    shutil.copytree(old, training_inputs["root"] / name)
+    state_metrics = training_inputs["root"] / name / "state" / "metrics.csv"
+    columns = [c for c in old_rows[0] if c != "predicted_acceptance_length"]
+    with open(state_metrics, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(old_rows)
+    with caplog.at_level(logging.INFO, logger="draftsmith.training"):
+        _, rows = train(training_inputs, tiny_target, name, epochs=1)
+    assert "resuming from the checkpoint of epoch 0" in caplog.text
+    assert list(rows[0]) == list(old_rows[0])
+    assert [{k: v for k, v in r.items() if k != "predicted_acceptance_length"} for r in rows] == [
+        {k: v for k, v in r.items() if k != "predicted_acceptance_length"} for r in old_rows]
+    for r, o in zip(rows, old_rows):
+        assert (float(r["predicted_acceptance_length"]) == pytest.approx(float(o["predicted_acceptance_length"]))
+                if o["split"] == "val" else r["predicted_acceptance_length"] == "")
+
+
 def test_mismatched_inputs_are_refused(training_inputs, tiny_target, tmp_path):
     d2t = torch.from_numpy(np.load(training_inputs["d2t"]))
     t2d = torch.from_numpy(np.load(training_inputs["t2d"]))

@@ -32,7 +32,6 @@ from draftsmith.report.render import plain_config, render_html, render_markdown
 from draftsmith.report.tables import (
     acceptance_by_category,
     checksums,
-    data_size_table,
     findings,
     fmt,
     inputs_table,
@@ -42,6 +41,7 @@ from draftsmith.report.tables import (
     training_table,
     versions_table,
 )
+from draftsmith.report.learning_curve import learning_curve, report_table, write_csv
 from draftsmith.report.verdict import predicted_table, verdict_lines
 
 __all__ = ["FIGURES", "ReportInputError", "build_report", "fmt"]
@@ -50,10 +50,11 @@ log = logging.getLogger(__name__)
 
 
 def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, manifests, config, out_html, out_md,
-                 figures_dir, reference=()) -> dict[str, pd.DataFrame]:
+                 figures_dir, reference=(), out_csv=None) -> dict[str, pd.DataFrame]:
     """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values).
 
-    `reference`: the offline benchmark's summaries beside vllm ones (benchmark.offline_reference), shown side by side."""
+    `reference`: the offline benchmark's summaries beside vllm ones (benchmark.offline_reference), shown side by side.
+    `out_csv`: where to write the learning curve (draftsmith.report.learning_curve) as CSV, the table `learning_curve`."""
     out_html, out_md, figures_dir = Path(out_html), Path(out_md), Path(figures_dir)
     summary_by_variant, methods = load_summaries(summaries)
     per_prompt_df = load_per_prompt(per_prompt, set(summary_by_variant))
@@ -63,8 +64,9 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     log.info("report inputs: %d variants, %d datasets, %d shards", len(summary_by_variant), len(stats_df),
              len(shards_df))
     by_category = acceptance_by_category(per_prompt_df)
-    data_size = data_size_table(load_training_data(training_data), methods)
     training = training_table(metrics_df)
+    curve = learning_curve(load_training_data(training_data), training, methods, summary_by_variant)
+    data_size = report_table(curve)
     predicted = predicted_table(training, methods, summary_by_variant)
     inputs = {"benchmark summary": list(summaries), "benchmark per-prompt": list(per_prompt),
               "offline reference summary": list(reference), "training metrics": list(metrics),
@@ -94,8 +96,10 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     with atomic_dir(figures_dir) as tmp:
         draw_figures(methods, per_prompt_df, metrics_df, stats_df, by_category, data_size, tmp)
     sums = checksums(tables["inputs"])
+    if out_csv is not None:
+        write_csv(curve, out_csv)
     write_text(out_html, render_html(title, verdict, lines, tables, figures_dir, config_yaml, sums))
     figures_rel = Path(os.path.relpath(figures_dir, out_md.parent)).as_posix()
     write_text(out_md, render_markdown(title, verdict, lines, tables, figures_rel, config_yaml, sums))
-    log.info("report written: %s, %s, %s", out_html, out_md, figures_dir)
-    return tables
+    log.info("report written: %s, %s, %s%s", out_html, out_md, figures_dir, "" if out_csv is None else f", {out_csv}")
+    return {**tables, "learning_curve": curve}

@@ -27,7 +27,7 @@ FIGURES = {
     "training_loss": "Training loss per TTT step",
     "training_accuracy": "Training accuracy per TTT step",
     "acceptance_by_category": "Acceptance length per prompt category",
-    "data_size": "Trained-draft acceptance length against the amount of training data",
+    "data_size": "Learning curve: trained-draft acceptance against the amount of training data, measured and as validation predicted",
     "data_stats": "Dataset records and tokens",
 }
 
@@ -148,21 +148,47 @@ def plot_acceptance_by_category(by_category: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
+# the learning curve's lines: the report table's column -> the legend's name
+CURVES = {"acceptance length": "measured: tokens per target forward",
+          "tokens per drafted round": "measured: tokens per drafted round",
+          "predicted acceptance length": "predicted by validation (per drafted round)"}
+
+
+def learning_curve_long(data_size: pd.DataFrame) -> pd.DataFrame:
+    """The learning-curve table in long form: one row per (variant, curve) with a value."""
+    present = [c for c in CURVES if c in data_size]
+    long = data_size.melt(id_vars=["variant", "datasets", "train tokens"], value_vars=present, var_name="curve",
+                          value_name="tokens")
+    long["tokens"] = pd.to_numeric(long["tokens"], errors="coerce")
+    long = long.dropna(subset=["tokens"])
+    long["curve"] = long["curve"].map(CURVES)
+    return long
+
+
 def plot_data_size(data_size: pd.DataFrame, path: Path) -> None:
+    """The learning curve: measured acceptance against the training tokens, with validation's prediction beside it."""
     df = data_size.dropna(subset=["acceptance length"])
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if df["train tokens"].nunique() < 2:
         ax.text(0.5, 0.5, "one training-set size only: add a variant with another data_fraction",
                 ha="center", transform=ax.transAxes)
     else:
-        # one line per set of datasets: a variant on other datasets is another kind of data, not another amount
-        sns.lineplot(df, x="train tokens", y="acceptance length", hue="datasets", marker="o", errorbar=None, ax=ax)
+        long = learning_curve_long(df)
+        # one line per curve and set of datasets: a variant on other datasets is another kind of data, not another amount
+        style = "datasets" if long["datasets"].nunique() > 1 else "curve"
+        sns.lineplot(long, x="train tokens", y="tokens", hue="curve", hue_order=[c for c in CURVES.values()
+                                                                                 if c in set(long["curve"])],
+                     style=style, markers=True, errorbar=None, ax=ax)
         for r in df.to_dict("records"):
             ax.annotate(f"{r['variant']} ({r['acceptance length']:.2f})", (r["train tokens"], r["acceptance length"]),
                         textcoords="offset points", xytext=(4, 6), fontsize=8)
         ax.set_xscale("log")
-    ax.set(xlabel="training tokens (log scale)", ylabel="trained-draft acceptance length",
-           title="What the amount of training data buys")
+        ticks = sorted(df["train tokens"].unique())  # the variants' sizes, not log-scale minor ticks over each other
+        ax.minorticks_off()
+        ax.set_xticks(ticks, [f"{int(t):,}" for t in ticks])
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
+    ax.set(xlabel="training tokens (log scale)", ylabel="tokens",
+           title="What the amount of training data buys: measured and predicted acceptance")
     _save(fig, path)
 
 

@@ -57,10 +57,14 @@ SECTIONS = [
      "synthetic task families), per method and variant; prompts = prompts in the category. "
      f"{FEW_MARK} fewer than {MIN_CATEGORY_PROMPTS} prompts: too few for the category's figure to stand for the "
      "category, and left out when categories are compared."),
-    ("data_size", "Training data and acceptance",
+    ("data_size", "Learning curve: training data, predicted and measured acceptance",
      "Each variant's training set (the datasets it trains on, and data_fraction of their training samples; "
-     "variants on the same datasets share their validation samples) and its trained draft's acceptance "
-     "length on the benchmark prompts."),
+     "variants on the same datasets share their validation samples); its last validation's full accuracy per TTT "
+     "step and the acceptance length those predict for the benchmark's chain of k draft tokens (1 + a0 + ... + "
+     "a(k-1) tokens per drafted round, the same formula as predicted_acceptance_length in metrics.csv); and what "
+     "the benchmark measured with the trained draft: acceptance length (tokens per target forward; each prompt's "
+     "forward counts, so it is a little below tokens per drafted round, the prediction's counterpart) and speedup "
+     "over target-only greedy. The same rows, unrounded, are learning_curve.csv beside report.md."),
     ("training", "Training (final values)", "Validation rows are per-epoch averages."),
     ("drafts", "Draft checkpoints", "From each draft's speculators config.json."),
     ("data", "Data", "Records read per dataset (from the raw data, for a regenerated dataset too), dropped by regenerate "

@@ -97,15 +97,6 @@ def category_name(label: str) -> str:
     return label.removesuffix(f" {FEW_MARK}")
 
 
-def data_size_table(training_data: pd.DataFrame, methods: pd.DataFrame) -> pd.DataFrame:
-    """Per variant: how much it was trained on and the trained draft's acceptance length."""
-    draft = methods[methods["method"] == "eagle3_draft"].set_index("variant")["acceptance_length"]
-    df = training_data.sort_values(["train_tokens", "variant"]).reset_index(drop=True)
-    return pd.DataFrame({"variant": df["variant"], "datasets": df["datasets"], "data fraction": df["data_fraction"],
-                         "train samples": df["train_samples"], "train tokens": df["train_tokens"],
-                         "acceptance length": df["variant"].map(draft)})
-
-
 def ttt_steps(metrics: pd.DataFrame, prefix: str) -> list[int]:
     return sorted(int(c[len(prefix):]) for c in metrics.columns if re.fullmatch(re.escape(prefix) + r"\d+", c))
 

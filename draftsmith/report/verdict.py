@@ -10,7 +10,8 @@ counted, not timed: greedy decoding gives the same counts on every run, so accep
 The validation accuracies of training predict the acceptance the benchmark should see: speculators' `full_acc_i`
 is the fraction of validation positions whose draft tokens of TTT steps 0..i were all the target's greedy tokens
 (cumulative, a_i = c_0 c_1 ... c_i in conditional accuracies c), the quantity per-position acceptance i + 1 measures
-while decoding. So a drafted round is predicted to yield 1 + a_0 + ... + a_(k-1) tokens (1 + c_0 + c_0 c_1 + ...).
+while decoding. So a drafted round is predicted to yield 1 + a_0 + ... + a_(k-1) tokens (1 + c_0 + c_0 c_1 + ...):
+draftsmith.training.acceptance, the formula training's metrics use too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.report.tables import fmt, method_label, method_order
+from draftsmith.training.acceptance import predicted_acceptance_length
 
 DRAFT = "eagle3_draft"
 LOOKUP = "prompt_lookup"
@@ -138,13 +140,6 @@ def best_k(per_position: list, k: int, cost_ratio) -> tuple[int, float | None]:
     return (max(useful) if useful else 1), None
 
 
-def predicted_round(val_acc: list[float], k: int) -> float | None:
-    """Tokens per drafted round the validation accuracies predict: 1 + a_0 + ... + a_(k-1) (cumulative accuracies;
-    TTT steps beyond training count as 0)."""
-    accs = [a for a in val_acc[:k] if _known(a)]
-    return 1 + sum(accs) if accs else None
-
-
 def predicted_table(training: pd.DataFrame, methods: pd.DataFrame, summaries: dict) -> pd.DataFrame:
     """Per variant: validation accuracy per TTT step beside the benchmark's per-position acceptance, and the tokens per
     drafted round each gives."""
@@ -159,7 +154,7 @@ def predicted_table(training: pd.DataFrame, methods: pd.DataFrame, summaries: di
         rows.append({
             "variant": variant,
             "validation full accuracy per TTT step": accs or None,
-            "predicted tokens per drafted round": predicted_round(accs, k),
+            "predicted tokens per drafted round": predicted_acceptance_length(accs, k),
             "per-position acceptance (benchmark)": r["per_position_acceptance"],
             "tokens per drafted round (benchmark)": r["tokens_per_drafted_round"],
         })

@@ -54,9 +54,10 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.extraction.shards import read_manifest, shard_files, validate_shard
-from draftsmith.io import write_json
+from draftsmith.io import atomic_path, write_json
 from draftsmith.provenance import same_model
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.acceptance import PREDICTED, full_accuracies, predicted_acceptance_length
 from draftsmith.training.state import (
     CHECKPOINTS,
     METRICS,
@@ -224,17 +225,21 @@ def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, s
 
 
 class MetricsCSV(logging.Handler):
-    """Receives speculators' metric records; appends rows to a CSV and advances a progress bar."""
+    """Receives speculators' metric records; appends rows to a CSV and advances a progress bar. Each validation row
+    also gets the chain acceptance length its full accuracies predict (draftsmith.training.acceptance), which the log
+    line of that validation says too."""
 
     def __init__(self, path: Path, variant: str, ttt_steps: int, bar: tqdm | None):
         super().__init__()
         self.path, self.variant, self.bar = path, variant, bar
         keys = [f"{kind}_{i}" for kind in ("loss", "full_acc", "cond_acc") for i in range(ttt_steps)]
         # wall: the Unix time the record arrived, so step times and pauses (validation, checkpoints) show in the CSV
-        self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys + ["wall"]
+        self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys + [PREDICTED, "wall"]
         if not self.path.exists():
             with open(self.path, "w", newline="") as f:
                 csv.writer(f).writerow(self.columns)
+        else:
+            upgrade_metrics_header(self.path, self.columns)
 
     def emit(self, record: logging.LogRecord):
         msg, step = record.msg, getattr(record, "step", None)
@@ -247,12 +252,52 @@ class MetricsCSV(logging.Handler):
                 self.bar.set_postfix(epoch=msg["epoch"], loss=f"{msg['train'].get('loss', float('nan')):.3f}")
         elif "val" in msg:
             row = {"split": "val", **{k.removesuffix("_epoch"): v for k, v in msg["val"].items()}}
-            log.info("epoch %d validation: %s", msg["epoch"], ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "split"))
+            accs = full_accuracies(row)
+            row[PREDICTED] = predicted = predicted_acceptance_length(accs)
+            said = ("no full accuracies to predict acceptance from" if predicted is None else
+                    f"predicted acceptance length {predicted:.3f} tokens per drafted round (1 + full accuracies "
+                    + " + ".join(f"{a:.3f}" for a in accs) + ")")
+            log.info("epoch %d validation: %s; %s", msg["epoch"], said,
+                     ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k not in ("split", PREDICTED)))
         else:
             return
         row.update(variant=self.variant, epoch=msg["epoch"], step=step, wall=f"{time.time():.3f}")
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in self.columns])
+
+
+def upgrade_metrics_header(path: Path, columns: list[str]) -> None:
+    """A metrics.csv an older draftsmith wrote (a resumed run) rewritten with today's columns: its rows keep their
+    values by column name, and its validation rows get the predicted acceptance length."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        if reader.fieldnames == columns:
+            return
+    for row in rows:
+        if row.get("split") == "val" and not row.get(PREDICTED):
+            predicted = predicted_acceptance_length(full_accuracies(row))
+            row[PREDICTED] = "" if predicted is None else repr(predicted)
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def final_validation(metrics_path: Path) -> dict | None:
+    """The last validation row of a metrics.csv: epoch, step, loss, full and conditional accuracy per TTT step, and
+    the acceptance length they predict; None where training held no samples out."""
+    with open(metrics_path, newline="") as f:
+        val = [r for r in csv.DictReader(f) if r["split"] == "val"]
+    if not val:
+        return None
+    last = val[-1]
+    steps = len(full_accuracies(last))
+    accs = [float(last[f"full_acc_{i}"]) for i in range(steps)]
+    return {"epoch": int(last["epoch"]), "step": int(last["step"]) if last["step"] else None,
+            "loss": float(last["loss"]), "full_acc": accs,
+            "cond_acc": [float(last[f"cond_acc_{i}"]) for i in range(steps)],
+            PREDICTED: predicted_acceptance_length(accs)}
 
 
 def rng_states(device: torch.device) -> dict:
@@ -613,7 +658,8 @@ def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, tr
     else:
         run_training(args)
     export_checkpoint(Path(state_dir), training["epochs"], Path(out_config), Path(out_weights), Path(out_metrics))
-    write_json(out_data, data_summary(manifests, training))
+    # the last validation's accuracies and the acceptance they predict, beside what the draft trained on
+    write_json(out_data, {**data_summary(manifests, training), "validation": final_validation(Path(out_metrics))})
 
 
 if __name__ == "__main__":  # torchrun entry point: python -m draftsmith.training.trainer ARGS_JSON
