@@ -53,6 +53,20 @@ def test_greedy_rows_equal_plain_generate_with_refill_and_early_stops(tiny, batc
     assert len({len(p) for p in prompts}) > 5  # prompts of different lengths share the batch
 
 
+def test_steps_attend_to_no_more_slots_than_the_busy_rows_need(tiny):
+    """A long prompt first (the queue takes the longest first), short ones after it: once the long row has ended,
+    the steps attend to a shorter span of the cache than its length, and every row still equals `generate`."""
+    model, tokenizer, stops = tiny
+    long_question = " ".join(QUESTIONS[:6]) + " Answer each question in turn."
+    prompts = rendered(tokenizer, [long_question * 3, *QUESTIONS[:5]])
+    assert len(prompts[0]) > 200 > 40 > max(len(p) for p in prompts[1:])
+    decoder = BatchDecoder(model, 2)
+    got = decoder.generate(prompts, 20, stops)
+    with torch.inference_mode():
+        assert got == [generate_one(model, p, 20, stops) for p in prompts]
+    assert decoder.length >= 256 and min(decoder.span_steps) == 128 and max(decoder.span_steps) == decoder.length
+
+
 def test_a_decoder_reused_for_another_chunk_of_other_lengths_gives_the_same_answers(tiny):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS)

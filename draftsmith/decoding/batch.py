@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,8 @@ from draftsmith.decoding.static_cache import full_attention_sdpa
 log = logging.getLogger(__name__)
 
 GROUPED_SDPA = "draftsmith_grouped_sdpa"
-SLOT_GRANULE = 64  # cache length rounded up to this, so chunks of similar prompts share one captured step
+SLOT_GRANULE = 64  # cache length rounded up to this, so chunks of similar prompts share one cache
+SPAN_GRANULE = 128  # a decode step attends to the first `span` slots, a multiple of this: one captured graph each
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -58,7 +60,8 @@ class BatchKV:
     """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
 
     Two kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
-    itself), and a decode step of every row (one token at each row's `decode_slots`, attending to the whole row).
+    itself), and a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
+    slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs).
     """
 
     def __init__(self, rows: int, length: int):
@@ -67,6 +70,7 @@ class BatchKV:
         self.values: dict[int, torch.Tensor] = {}
         self.prefill_rows: torch.Tensor | None = None
         self.decode_slots: torch.Tensor | None = None
+        self.span = length
         self._all_rows: torch.Tensor | None = None
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None):
@@ -83,7 +87,7 @@ class BatchKV:
             return key, value
         keys[self._all_rows, :, self.decode_slots] = key[:, :, 0]  # [rows, KV, D] at each row's slot
         values[self._all_rows, :, self.decode_slots] = value[:, :, 0]
-        return keys, values
+        return keys[:, :, : self.span], values[:, :, : self.span]
 
 
 @dataclass
@@ -157,15 +161,21 @@ class BatchDecoder:
         self._configs = list({id(m.config): m.config for m in model.modules()
                               if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
         self._shape = None  # (cache length, max_new_tokens, sampling, stops) of the state below
-        self._graph = None
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by attention span
+        self._pool = None
+        self.decode_steps = 0  # counters, for throughput reports
+        self.span_steps: Counter = Counter()  # decode steps by attention span
+        self.prefill_tokens = 0
 
     # ------------------------------------------------------------------ state
     def _reset(self, length: int, max_new_tokens: int, sampling: Sampling, stop_ids: list[int]) -> None:
         shape = (length, max_new_tokens, sampling, tuple(stop_ids))
         if shape == self._shape:
             self.finished.fill_(True)
+            self.slots.zero_()
+            self.starts.zero_()
             return
-        self._graph = None
+        self._graphs.clear()
         self._shape = shape
         rows, device = self.batch_size, self.device
 
@@ -200,6 +210,7 @@ class BatchDecoder:
     def _prefill(self, rows: list[int], prompts: list[list[int]], seeds: list[int]) -> None:
         """Write `prompts` into cache `rows` (left-padded to the longest) and choose each one's first token."""
         width = max(len(p) for p in prompts)
+        self.prefill_tokens += width * len(prompts)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
         starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
         for r, prompt in enumerate(prompts):
@@ -226,11 +237,15 @@ class BatchDecoder:
         self.out[row_ids, 0] = first
         self.finished[row_ids] = (first[:, None] == self.stops[None, :]).any(-1) | (self.max_new_tokens <= 1)
 
-    def _step(self) -> None:
-        """One token for every row, on the device alone (what a CUDA graph captures)."""
+    def _step(self, span: int) -> None:
+        """One token for every row, on the device alone (what a CUDA graph captures), attending to the first `span`
+        slots. A busy row's slot lies below the span; a free row's starts at 0, so its mask is never empty (an
+        empty one would give NaN, which a masked slot still spreads: 0 * NaN)."""
         rows = self.batch_size
-        mask = (self.key_slots[None, :] <= self.slots[:, None]) & (self.key_slots[None, :] >= self.starts[:, None])
-        logits = self._forward(self.tokens[:, None], mask.view(rows, 1, 1, self.length),
+        key_slots = self.key_slots[:span]
+        mask = (key_slots[None, :] <= self.slots[:, None]) & (key_slots[None, :] >= self.starts[:, None])
+        self.cache.span = span
+        logits = self._forward(self.tokens[:, None], mask.view(rows, 1, 1, span),
                                (self.slots - self.starts)[:, None], self.cache_position)
         chosen = choose_tokens(logits, self.sampling, self.seeds, self.lengths)
         active = ~self.finished
@@ -242,23 +257,28 @@ class BatchDecoder:
         self.tokens.copy_(chosen)
         self.slots.copy_((self.slots + 1).clamp(max=self.length - 1))  # a free row writes its last slot, unread
 
-    def _steps(self, n: int) -> None:
-        if not self.cuda_graphs:
-            for _ in range(n):
-                self._step()
-            return
-        if self._graph is None:  # captured while every row is free: the warm-up's writes are never read
+    def _steps(self, n: int, span: int) -> int:
+        """At least `n` decode steps attending to `span` slots; returns how many ran (capturing a span's graph
+        runs two real steps eagerly first, as warm-up)."""
+        graph, taken = self._graphs.get(span), 0
+        if self.cuda_graphs and graph is None:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._step()
+                    self._step(span)
             torch.cuda.current_stream().wait_stream(stream)
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self._step()
-        for _ in range(n):
-            self._graph.replay()
+            taken = 2
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = self._graphs[span] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):  # recorded, not run
+                self._step(span)
+        for _ in range(n - taken):
+            graph.replay() if graph is not None else self._step(span)
+        self.decode_steps += max(n, taken)
+        self.span_steps[span] += max(n, taken)
+        return max(n, taken)
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
@@ -276,14 +296,14 @@ class BatchDecoder:
         stop_set = set(stop_ids)
         longest = max(len(p) for p in prompts)
         length = -(-(longest + max_new_tokens) // SLOT_GRANULE) * SLOT_GRANULE
-        if self.cuda_graphs and self._graph is None and self._shape is not None and self._shape[0] > length:
-            length = self._shape[0]
+        if self._shape is not None and self._shape[0] > length and self._shape[1:] == (max_new_tokens, sampling,
+                                                                                       tuple(sorted(stop_set))):
+            length = self._shape[0]  # keep the cache (and its graphs) of a longer chunk before
         self._reset(length, max_new_tokens, sampling, sorted(stop_set))
-        if self.cuda_graphs and self._graph is None:
-            self._steps(0)  # capture now, while every row is free
 
         queue = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))[::-1]  # pop() takes the longest
         owner = [-1] * self.batch_size
+        row_slot = [0] * self.batch_size  # the host's copy of `slots` (a busy row's next write)
         answers: list[tuple[list[int], str] | None] = [None] * len(prompts)
         free = list(range(self.batch_size))
         refill_at = max(1, self.batch_size // 16)
@@ -294,14 +314,26 @@ class BatchDecoder:
                 rows = [free.pop() for _ in take]
                 for row, i in zip(rows, take):
                     owner[row] = i
+                width = max(len(prompts[i]) for i in take)
+                for row in rows:
+                    row_slot[row] = width
                 self._prefill(rows, [prompts[i] for i in take], [seeds[i] for i in take])
-            self._steps(self.sync_every if self.batch_size - len(free) else 0)
+            if len(free) < self.batch_size:
+                # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
+                needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
+                span = min(self.length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE)
+                taken = self._steps(self.sync_every, span)
+                for row in range(self.batch_size):
+                    if owner[row] >= 0:
+                        row_slot[row] = min(row_slot[row] + taken, self.length - 1)
             finished = self.finished.tolist()  # the host's one look per sync_every steps
             done = [row for row in range(self.batch_size) if finished[row] and owner[row] >= 0]
             if not done:
                 continue
             done_rows = torch.tensor(done, device=self.device)
             outs, lengths = self.out[done_rows].tolist(), self.lengths[done_rows].tolist()
+            self.slots[done_rows] = 0  # a free row attends from slot 0 (never an empty mask)
+            self.starts[done_rows] = 0
             for row, out, n in zip(done, outs, lengths):
                 tokens = out[:n]
                 if tokens and tokens[-1] in stop_set:
