@@ -18,6 +18,7 @@ from conftest import REPO, jobs_planned, snakemake
 READERS = {
     "make_synthetic_corpus": {"build_target", "prepare_dataset", "benchmark_prompts"},
     "build_target": {"prepare_dataset", "extract_hidden_states", "vocab_map", "train_draft", "benchmark"},
+    "self_prompts": {"regenerate"},
     "regenerate": {"prepare_dataset"},
     "prepare_dataset": {"token_freq", "extract_hidden_states", "report"},
     "token_freq": {"vocab_map"},
@@ -47,12 +48,16 @@ CHANGES = {
     "datasets.synthetic.source": ("fastchat", {"prepare_dataset"}),
     "datasets.synthetic.path": ("{tmp}/other.jsonl", set(), "read for source local only"),
     **{f"datasets.synthetic.{k}": ("x", set(), "read for source hub only") for k in ("name", "subset", "split", "revision")},
+    "datasets.synthetic.num_prompts": (5, set(), "read for source self only"),
     "datasets.synthetic.max_records": (50, {"prepare_dataset"}),
     "datasets.synthetic.regenerate": (True, {"regenerate", "prepare_dataset"}),
     **{f"regenerate.{k}": (v, set(), "no dataset of this configuration regenerates") for k, v in {
         "max_new_tokens": 8, "batch_size": 2, "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 1, "chunk_size": 2,
         "device": "cpu", "dtype": "float32", "backend": "vllm", "samples_per_prompt": 2, "tensor_parallel_size": 2,
         "gpu_memory_utilization": 0.5, "max_model_len": 512}.items()},
+    **{f"self_prompts.{k}": (v, set(), "no dataset of this configuration has source self") for k, v in {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 1, "max_new_tokens": 64, "min_words": 5,
+        "max_words": 100, "max_benchmark_overlap": 0.8, "max_candidates_factor": 2}.items()},
     "seq_length": (192, {"prepare_dataset", "extract_hidden_states"}),
     "extraction.backend": ("vllm", {"extract_hidden_states"}),
     **{f"extraction.{k}": (v, {"extract_hidden_states"}) for k, v in {
