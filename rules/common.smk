@@ -224,7 +224,11 @@ def raw_dataset_spec(dataset):
     spec = dict(config["datasets"][dataset])
     # keys of another source do not change what is read (rule self_prompts reads num_prompts; the prompts it writes
     # are read through their file)
-    for key in (*HUB_ONLY, "num_prompts") if spec["source"] != "hub" else ("path", "num_prompts"):
+    for key in (
+        (*HUB_ONLY, "num_prompts")
+        if spec["source"] != "hub"
+        else ("path", "num_prompts")
+    ):
         spec.pop(key, None)
     if spec["source"] == "synthetic":
         spec.update(source="local", path=str(R / "data" / "synthetic" / "train.jsonl"))
