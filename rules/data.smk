@@ -87,6 +87,38 @@ rule prepare_dataset:
         "../scripts/prepare_dataset.py"
 
 
+# source self: the target writes the prompts itself (draftsmith/data/self_prompts.py), with regenerate's backend
+rule self_prompts:
+    input:
+        target=target_input(),
+        # a prompt that is, or heavily overlaps, a benchmark prompt is dropped
+        benchmark_questions=lambda wc: packaged(mt_bench_questions_file),
+    output:
+        jsonl=R / "data" / "self" / "{dataset}.jsonl",
+        # num_prompts asked, candidates sampled, dropped by reason (regenerate carries them into its stats)
+        stats=R / "data" / "self" / "{dataset}.stats.json",
+    log:
+        R / "logs" / "self_prompts" / "{dataset}.log",
+    benchmark:
+        R / "benchmarks" / "self_prompts" / "{dataset}.tsv"
+    conda:
+        "../envs/vllm.yaml"
+        if config["regenerate"]["backend"] == "vllm"
+        else "../envs/core.yaml"
+    threads: max(1, workflow.cores // max(1, len(SELF_WRITTEN)))
+    resources:
+        gpu=regenerate_gpus(),
+        mem_mb=8000,
+    params:
+        num_prompts=lambda wc: config["datasets"][wc.dataset]["num_prompts"],
+        self_prompts=job_settings("self_prompts"),
+        target=target_spec(config["regenerate"]["dtype"]),
+        # the backend and how it computes; chunk_size, batch_size, ... are read from the config at run time
+        engine=self_prompts_engine(),
+    script:
+        "../scripts/self_prompts.py"
+
+
 rule regenerate:
     input:
         data=regenerate_input,

@@ -1,4 +1,4 @@
-from draftsmith.data.regenerate import regenerate, regeneration_prompts
+from draftsmith.data.regenerate import read_regenerate_stats, regenerate, regeneration_prompts
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
@@ -14,12 +14,15 @@ def main(smk):
     else:  # vLLM takes "auto" itself (bf16 for fp32 or bf16 checkpoints on a GPU)
         device, dtype = "cpu", target.stage_dtype(cfg["dtype"])
     prompts = regeneration_prompts(dict(smk.params.spec), smk.params.source, smk.input.benchmark_questions)
+    # prompts the target wrote itself: the counts of rule self_prompts go into these stats too
+    written = read_regenerate_stats(smk.params.spec["path"], "self_prompts") if smk.params.source == "self" else None
     regenerate(prompts, target, smk.output.jsonl,
                backend=cfg["backend"], max_new_tokens=cfg["max_new_tokens"], batch_size=cfg["batch_size"],
                temperature=cfg["temperature"], top_p=cfg["top_p"], top_k=cfg["top_k"], seed=cfg["seed"],
                samples_per_prompt=cfg["samples_per_prompt"], chunk_size=cfg["chunk_size"], device=device, dtype=dtype,
                tensor_parallel_size=cfg["tensor_parallel_size"], gpu_memory_utilization=cfg["gpu_memory_utilization"],
-               max_model_len=cfg["max_model_len"], max_prompt_tokens=smk.params.seq_length)
+               max_model_len=cfg["max_model_len"], max_prompt_tokens=smk.params.seq_length,
+               extra_stats={"self_prompts": written} if written is not None else None)
 
 
 # The guard matters with the vllm backend: vLLM starts its engine and workers with `spawn` (always on its CPU platform;

@@ -18,6 +18,7 @@ from conftest import REPO, jobs_planned, snakemake
 READERS = {
     "make_synthetic_corpus": {"build_target", "prepare_dataset", "benchmark_prompts"},
     "build_target": {"prepare_dataset", "extract_hidden_states", "vocab_map", "train_draft", "benchmark"},
+    "self_prompts": {"regenerate"},
     "regenerate": {"prepare_dataset"},
     "prepare_dataset": {"token_freq", "extract_hidden_states", "report"},
     "token_freq": {"vocab_map"},
@@ -47,12 +48,16 @@ CHANGES = {
     "datasets.synthetic.source": ("fastchat", {"prepare_dataset"}),
     "datasets.synthetic.path": ("{tmp}/other.jsonl", set(), "read for source local only"),
     **{f"datasets.synthetic.{k}": ("x", set(), "read for source hub only") for k in ("name", "subset", "split", "revision")},
+    "datasets.synthetic.num_prompts": (5, set(), "read for source self only"),
     "datasets.synthetic.max_records": (50, {"prepare_dataset"}),
     "datasets.synthetic.regenerate": (True, {"regenerate", "prepare_dataset"}),
     **{f"regenerate.{k}": (v, set(), "no dataset of this configuration regenerates") for k, v in {
         "max_new_tokens": 8, "batch_size": 2, "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 1, "chunk_size": 2,
         "device": "cpu", "dtype": "float32", "backend": "vllm", "samples_per_prompt": 2, "tensor_parallel_size": 2,
         "gpu_memory_utilization": 0.5, "max_model_len": 512}.items()},
+    **{f"self_prompts.{k}": (v, set(), "no dataset of this configuration has source self") for k, v in {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 1, "max_new_tokens": 64, "min_words": 5,
+        "max_words": 100, "max_benchmark_overlap": 0.8, "max_candidates_factor": 2}.items()},
     "seq_length": (192, {"prepare_dataset", "extract_hidden_states"}),
     "extraction.backend": ("vllm", {"extract_hidden_states"}),
     **{f"extraction.{k}": (v, {"extract_hidden_states"}) for k, v in {
@@ -267,4 +272,59 @@ def test_regenerate_reruns_exactly_for_the_settings_that_change_its_answers(rege
         planned = set(jobs_planned(snakemake(workdir, answers, "-n", "--configfile", str(changed))))
         if planned != ({"regenerate"} if reruns else set()):
             wrong.append(f"regenerate.{key} = {value!r}: planned {sorted(planned)}, expected a re-run: {reruns}")
+    assert not wrong, "\n".join(wrong)
+
+
+# ----------------------------------------------------------------------------- self_prompts' settings
+
+# a dataset of source self: key -> (new value, the rules that re-run). Settings that change a prompt the target writes
+# re-run self_prompts (and regenerate, which answers the new file); regenerate's answer settings re-run regenerate
+# only; chunks, batches and the other backend's keys re-run nothing (rules/common.smk: self_prompts_engine)
+SELF_PROMPTS_CHANGES = {
+    **{f"self_prompts.{k}": (v, {"self_prompts", "regenerate"}) for k, v in {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 1, "max_new_tokens": 8, "min_words": 2,
+        "max_words": 100, "max_benchmark_overlap": 0.8, "max_candidates_factor": 5}.items()},
+    "datasets.mine.num_prompts": (3, {"self_prompts", "regenerate"}),
+    **{f"regenerate.{k}": (v, {"self_prompts", "regenerate"}) for k, v in {
+        "backend": "vllm", "dtype": "bfloat16", "device": "auto"}.items()},
+    **{f"regenerate.{k}": (v, {"regenerate"}) for k, v in {
+        "max_new_tokens": 3, "temperature": 0.7, "top_p": 0.5, "top_k": 5, "seed": 1, "samples_per_prompt": 2}.items()},
+    **{f"regenerate.{k}": (v, set()) for k, v in {
+        "chunk_size": 3, "batch_size": 1, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5,
+        "max_model_len": 64}.items()},
+}
+
+
+@pytest.fixture(scope="module")
+def self_written_run(tmp_path_factory):
+    """The tiny configuration with one dataset of source self (2 prompts of at most 16 tokens, answered with 2 new
+    tokens), run up to the answers; returns (workdir, the answers file)."""
+    from conftest import write_config
+
+    workdir = tmp_path_factory.mktemp("self_written")
+    write_config(workdir, {
+        "embedded_target": {"pretrain_steps": 40},  # an untrained target seldom ends a turn
+        "synthetic": {"num_records": 24, "num_heldout": 2},
+        "datasets": {"mine": {"source": "self", "num_prompts": 2, "regenerate": True}},
+        "self_prompts": {"max_new_tokens": 16, "min_words": 1, "max_candidates_factor": 10},
+        "regenerate": {"max_new_tokens": 2, "temperature": 0.5, "chunk_size": 2, "batch_size": 2, "device": "cpu",
+                       "dtype": "float32"},
+    })
+    answers = str(workdir / "results" / "data" / "regenerated" / "mine.jsonl")
+    snakemake(workdir, answers)
+    return workdir, answers
+
+
+def test_self_prompts_rerun_exactly_for_the_settings_that_change_the_prompts(self_written_run, tmp_path):
+    workdir, answers = self_written_run
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    wrong = []
+    for key, (value, reruns) in SELF_PROMPTS_CHANGES.items():
+        changed_config = yaml.safe_load(yaml.safe_dump(config))
+        set_key(changed_config, key, value)
+        changed = tmp_path / f"{key}.yaml"
+        changed.write_text(yaml.safe_dump(changed_config))
+        planned = set(jobs_planned(snakemake(workdir, answers, "-n", "--configfile", str(changed))))
+        if planned != reruns:
+            wrong.append(f"{key} = {value!r}: planned {sorted(planned)}, expected {sorted(reruns)}")
     assert not wrong, "\n".join(wrong)

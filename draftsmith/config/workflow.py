@@ -154,8 +154,29 @@ def check_config(config: dict, files) -> list[str]:
     for e in errors:
         if not (isinstance(e.instance, float) and not math.isfinite(e.instance)):  # reported above
             problems += _describe(e)
+    problems += _between_keys(config)
     lines = [f"{_source(path, sources)}: {_key(path)}: {problem}" for path, problem in problems]
     return list(dict.fromkeys(lines))
+
+
+def _between_keys(config: dict) -> list[tuple[tuple, str]]:
+    """Problems the schema cannot say in one line: a dataset of prompts without replies that is not regenerated,
+    self_prompts.min_words above max_words."""
+    from draftsmith.data.prompt_sets import PROMPT_SETS
+
+    problems = []
+    datasets = config.get("datasets")
+    for name, spec in (datasets if isinstance(datasets, dict) else {}).items():
+        source = spec.get("source") if isinstance(spec, dict) else None
+        if (source in PROMPT_SETS or source == "self") and spec.get("regenerate") is not True:
+            problems.append((("datasets", name), f"source {source} holds prompts without replies; set regenerate: true "
+                                                 "(the target answers them)"))
+    section = config.get("self_prompts")
+    if isinstance(section, dict):
+        low, high = section.get("min_words", 3), section.get("max_words", 300)
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            problems.append((("self_prompts", "min_words"), f"{low} is above self_prompts.max_words ({high})"))
+    return problems
 
 
 def _leaves(value, path=()):

@@ -36,7 +36,9 @@ The stats (`records_read`, `prompts_dropped`, `dropped_by_reason`, `duplicate_pr
 `duplicate_record_ids`, `num_prompts`, the answers' finish reasons and tokens, the answer checks of
 draftsmith.data.answer_checks: cut at max_new_tokens, length percentiles, repetition; and the output's sha256) are
 written to `<name>.stats.json` beside `<name>.jsonl`; prepare_dataset copies them into its stats.json
-(key `regenerate`) while the sha256 matches the file it reads, and the report's data table shows them.
+(key `regenerate`) while the sha256 matches the file it reads, and the report's data table shows them. Prompts the
+target wrote itself (`source: self`, draftsmith.data.self_prompts) are read like a local file; the counts of the step
+that wrote them come in through `extra_stats` (key `self_prompts`).
 
 Work is done in chunks of `chunk_size` prompts, each written atomically to
 `<out>.chunks/chunk_NNNNN.jsonl` beside a manifest holding a fingerprint of the prompts, the
@@ -247,20 +249,20 @@ def regenerate_stats_path(out_jsonl: str | Path) -> Path:
     return out_jsonl.with_name(out_jsonl.name.removesuffix(".jsonl") + ".stats.json")
 
 
-def read_regenerate_stats(jsonl_path: str | Path) -> dict | None:
-    """The stats regenerate wrote for `jsonl_path`, or None when there are none, or they describe another
-    version of the file (sha256 differs: logged)."""
+def read_regenerate_stats(jsonl_path: str | Path, writer: str = "regenerate") -> dict | None:
+    """The stats regenerate (or `writer`, e.g. self_prompts, which keeps them the same way) wrote for `jsonl_path`,
+    or None when there are none, or they describe another version of the file (sha256 differs: logged)."""
     path = regenerate_stats_path(jsonl_path)
     if not path.is_file():
         return None
     try:
         stats = read_json(path)
     except ValueError as e:  # written atomically, so only a hand-edited file gets here
-        log.warning("%s is not readable (%s); regenerate's counts are left out of the stats", path, e)
+        log.warning("%s is not readable (%s); %s's counts are left out of the stats", path, e, writer)
         return None
     if not isinstance(stats, dict) or stats.get("output_sha256") != sha256_file(jsonl_path):
-        log.warning("%s does not describe %s as it is now (sha256 differs); regenerate's counts are left out of "
-                    "the stats", path, jsonl_path)
+        log.warning("%s does not describe %s as it is now (sha256 differs); %s's counts are left out of "
+                    "the stats", path, jsonl_path, writer)
         return None
     return stats
 
@@ -355,7 +357,7 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
                chunk_size: int = 64, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
                show_progress: bool = True, max_prompt_tokens: int | None = None, backend="hf",
                samples_per_prompt: int = 1, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-               max_model_len: int | None = None) -> dict:
+               max_model_len: int | None = None, extra_stats: dict | None = None) -> dict:
     """Answer every prompt with the target (a TargetSpec or a model directory); write OpenAI-messages
     JSONL to `out_jsonl` and its stats to `regenerate_stats_path(out_jsonl)`. Returns the stats.
 
@@ -365,7 +367,9 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
     `backend`: "hf" (device, dtype, batch_size), "vllm" (dtype, batch_size as max_num_seqs, tensor_parallel_size,
     gpu_memory_utilization, max_model_len: a longer prompt is dropped as `prompt_exceeds_max_model_len`), or a
     backend object (its settings are its own; it is not closed here).
-    Every prompt read is answered or counted in the stats' `dropped_by_reason`, and a warning gives the counts."""
+    Every prompt read is answered or counted in the stats' `dropped_by_reason`, and a warning gives the counts.
+    `extra_stats`: more sections for the stats file, e.g. `self_prompts` (the counts of the step that wrote the
+    prompts)."""
     from tqdm import tqdm
 
     if max_new_tokens < 1 or batch_size < 1 or chunk_size < 1:
@@ -387,7 +391,7 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
         return _regenerate(prompts, target, Path(out_jsonl), backend, show_progress, max_prompt_tokens, chunk_size, {
             "max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_p": float(top_p),
             "top_k": int(top_k), "seed": int(seed), "samples_per_prompt": int(samples_per_prompt), "dtype": dtype},
-            tqdm)
+            tqdm, extra_stats or {})
     finally:
         if owned:
             backend.close()
@@ -403,7 +407,7 @@ def _drop_long(records: PromptRecords, prompt_ids: list, limit: int, reason: str
 
 
 def _regenerate(prompts, target: TargetSpec, out_jsonl: Path, backend, show_progress: bool,
-                max_prompt_tokens: int | None, chunk_size: int, params: dict, tqdm) -> dict:
+                max_prompt_tokens: int | None, chunk_size: int, params: dict, tqdm, extra_stats: dict) -> dict:
     n = params["samples_per_prompt"]
     records = load_prompt_records(prompts)
     tokenizer = target.load_tokenizer()
@@ -493,6 +497,7 @@ def _regenerate(prompts, target: TargetSpec, out_jsonl: Path, backend, show_prog
 
     write_jsonl(out_jsonl, all_rows())
     stats.update(answer_stats(kept))
+    stats.update(extra_stats)
     # beside the output, naming it by checksum: prepare_dataset carries these counts into its stats.json only
     # while they describe the file it reads
     stats.update(output=out_jsonl.name, output_sha256=sha256_file(out_jsonl))

@@ -19,6 +19,8 @@ STATS_FIELDS = ["records_read", "records_kept", "records_skipped", "skipped_by_r
                 "tokens", "assistant_tokens", "seq_length"]
 REGENERATE_FIELDS = ["records_read", "dropped_by_reason"]  # the `regenerate` section of a regenerated dataset's stats
 ANSWER_CHECK_FIELDS = ["num_answers", "cut_at_max_new_tokens", "repetitive_answers"]  # optional in that section
+# its `self_prompts` section, for a dataset of prompts the target wrote (draftsmith.data.self_prompts)
+SELF_PROMPTS_FIELDS = ["candidates", "dropped_by_reason", "beyond_num_prompts"]
 MANIFEST_FIELDS = ["shard", "num_samples", "num_tokens", "device"]
 TRAINING_DATA_FIELDS = ["data_fraction", "train_samples", "train_tokens", "val_samples"]
 
@@ -155,7 +157,9 @@ def load_stats(paths) -> pd.DataFrame:
     """One row per dataset (prepared stats.json). For a regenerated dataset (a `regenerate` section, copied from
     regenerate's stats) `records_read` is the records read from the raw data, and the prompts regenerate dropped
     before answering are `dropped_by_regenerate` (by reason in `dropped_by_regenerate_by_reason`), so that
-    records read = dropped by regenerate + records skipped (by prepare) + records kept."""
+    records read = dropped by regenerate + records skipped (by prepare) + records kept. For prompts the target wrote
+    itself (source self: a `self_prompts` section in regenerate's) the records read are the candidates it wrote, and
+    those its checks dropped, or that were not needed, are dropped too (reasons `self_prompts: <reason>`)."""
     rows = []
     for path in paths:
         stats = _read_json(path, "dataset stats")
@@ -165,7 +169,14 @@ def load_stats(paths) -> pd.DataFrame:
         if regenerated is not None:
             _require(regenerated, REGENERATE_FIELDS, f"{path}: regenerate")
             row["records_read"] = regenerated["records_read"]
-        dropped = (regenerated or {}).get("dropped_by_reason", {})
+        dropped = dict((regenerated or {}).get("dropped_by_reason", {}))
+        written = (regenerated or {}).get("self_prompts")
+        if written is not None:
+            _require(written, SELF_PROMPTS_FIELDS, f"{path}: regenerate: self_prompts")
+            row["records_read"] = written["candidates"]
+            dropped.update({f"self_prompts: {k}": v for k, v in written["dropped_by_reason"].items()})
+            if written["beyond_num_prompts"]:
+                dropped["self_prompts: beyond_num_prompts"] = written["beyond_num_prompts"]
         row["dropped_by_regenerate"] = sum(dropped.values())
         row["dropped_by_regenerate_by_reason"] = dropped
         # regenerate's answer checks (draftsmith.data.answer_checks); None where not regenerated or not recorded

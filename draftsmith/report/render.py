@@ -67,8 +67,10 @@ SECTIONS = [
      "over target-only greedy. The same rows, unrounded, are learning_curve.csv beside report.md."),
     ("training", "Training (final values)", "Validation rows are per-epoch averages."),
     ("drafts", "Draft checkpoints", "From each draft's speculators config.json."),
-    ("data", "Data", "Records read per dataset (from the raw data, for a regenerated dataset too), dropped by regenerate "
-              "before the target answered and skipped by prepare (each by reason), kept, and tokens after truncation."),
+    ("data", "Data", "Records read per dataset (from the raw data, for a regenerated dataset too; for prompts the target "
+              "wrote itself, the candidates it wrote), dropped by regenerate before the target answered (for those "
+              "prompts also by their checks: self_prompts reasons) and skipped by prepare (each by reason), kept, and "
+              "tokens after truncation."),
     ("shards", "Hidden-state shards",
      "One row per shard; the manifest checksum covers the sha256 of every sample file it lists."),
     ("versions", "Package versions and devices", ""),
