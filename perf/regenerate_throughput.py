@@ -18,7 +18,6 @@ Each timed run follows a warm-up run of the same shapes (CUDA-graph capture, ker
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile

@@ -1,5 +1,4 @@
-from draftsmith.data.regenerate import read_regenerate_stats, regenerate, regeneration_prompts
-from draftsmith.devices import resolve_device, resolve_dtype
+from draftsmith.data.regenerate import engine_device, read_regenerate_stats, regenerate, regeneration_prompts
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 
@@ -8,11 +7,7 @@ def main(smk):
     # params hold the keys that change the answers; the run-only ones (chunk_size, batch_size, ...) come from the config
     cfg = {**smk.config["regenerate"], **smk.params.regenerate}
     target = TargetSpec.from_dict(smk.params.target)
-    if cfg["backend"] == "hf":
-        device = resolve_device(cfg["device"])
-        device, dtype = str(device), str(resolve_dtype(target.stage_dtype(cfg["dtype"]), device)).removeprefix("torch.")
-    else:  # vLLM takes "auto" itself (bf16 for fp32 or bf16 checkpoints on a GPU)
-        device, dtype = "cpu", target.stage_dtype(cfg["dtype"])
+    device, dtype = engine_device(cfg, target)
     prompts = regeneration_prompts(dict(smk.params.spec), smk.params.source, smk.input.benchmark_questions)
     # prompts the target wrote itself: the counts of rule self_prompts go into these stats too
     written = read_regenerate_stats(smk.params.spec["path"], "self_prompts") if smk.params.source == "self" else None

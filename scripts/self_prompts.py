@@ -1,5 +1,5 @@
+from draftsmith.data.regenerate import engine_device
 from draftsmith.data.self_prompts import self_prompts
-from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 
@@ -8,11 +8,7 @@ def main(smk):
     # params hold the keys that change the prompts; the run-only ones (chunk_size, batch_size, ...) come from the config
     engine = {**smk.config["regenerate"], **smk.params.engine}
     target = TargetSpec.from_dict(smk.params.target)
-    if engine["backend"] == "hf":
-        device = resolve_device(engine["device"])
-        device, dtype = str(device), str(resolve_dtype(target.stage_dtype(engine["dtype"]), device)).removeprefix("torch.")
-    else:  # vLLM takes "auto" itself
-        device, dtype = "cpu", target.stage_dtype(engine["dtype"])
+    device, dtype = engine_device(engine, target)
     self_prompts(target, smk.output.jsonl, smk.params.num_prompts, name=smk.wildcards.dataset,
                  **smk.params.self_prompts, benchmark_questions=smk.input.benchmark_questions,
                  backend=engine["backend"], chunk_size=engine["chunk_size"], batch_size=engine["batch_size"],

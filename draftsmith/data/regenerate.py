@@ -289,6 +289,17 @@ class RegenerateSetupError(RuntimeError):
     """A setting regenerate cannot run with, found before any model loads."""
 
 
+def engine_device(cfg: dict, target: TargetSpec) -> tuple[str, str]:
+    """(device, dtype) a backend runs on, from regenerate's settings: hf resolves `auto` here; vLLM takes `auto`
+    itself (bf16 for fp32 or bf16 checkpoints on a GPU) and picks its own device."""
+    if cfg["backend"] != "hf":
+        return "cpu", target.stage_dtype(cfg["dtype"])
+    from draftsmith.devices import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg["device"])
+    return str(device), str(resolve_dtype(target.stage_dtype(cfg["dtype"]), device)).removeprefix("torch.")
+
+
 def make_backend(name: str, target: TargetSpec, cfg: dict):
     """The backend `name` for `target`; for vllm, the installed vLLM is checked first (metadata only), so that a
     missing or other vLLM fails with the command that installs it before anything imports it or loads a model."""
