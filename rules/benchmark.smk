@@ -45,7 +45,7 @@ rule benchmark:
         mem_mb=16000,
     params:
         target=target_spec(config["benchmark"]["dtype"]),
-        benchmark=job_settings("benchmark", config["benchmark"]["backend"]),
+        benchmark=benchmark_settings(config["benchmark"]["backend"]),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
         methods=lambda wc: variant_methods(wc.variant),
     script:
@@ -77,8 +77,13 @@ rule benchmark_offline_reference:
         mem_mb=16000,
     params:
         target=target_spec(config["benchmark"]["dtype"]),
+        # batch size 1: the offline backend decodes one prompt at a time, whatever sizes the vllm backend sweeps
         benchmark=canonical(
-            {**job_settings("benchmark", "offline"), "backend": "offline"}
+            {
+                **job_settings("benchmark", "offline"),
+                "backend": "offline",
+                "batch_sizes": [1],
+            }
         ),
         draft_dir=lambda wc: str(R / "draft" / wc.variant),
         methods=lambda wc: variant_methods(wc.variant),

@@ -6,6 +6,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from draftsmith import artefacts
+from draftsmith.benchmark.batch_sizes import batch_sizes
 from draftsmith.config.workflow import (
     ConfigError,
     check_config,
@@ -142,6 +143,16 @@ def job_settings(section, backend=None):
             for key in keys
         }
     return canonical({k: v for k, v in config[section].items() if k not in leave_out})
+
+
+def benchmark_settings(backend):
+    """job_settings of the benchmark section with batch_sizes as the sizes it measures (draftsmith.benchmark.
+    batch_sizes): null and the one size it stands for (concurrency, or batch_size offline) are the same run.
+    """
+    settings = job_settings("benchmark", backend)
+    return canonical(
+        {**settings, "batch_sizes": batch_sizes(config["benchmark"], backend)}
+    )
 
 
 RUN_ONLY = {

@@ -272,3 +272,60 @@ def test_unreadable_config_file_is_one_line(tmp_path, text, problem):
     with pytest.raises(ConfigError) as e:
         load_config([path])
     assert str(e.value) == f"{path}: {problem}"
+
+
+# ----------------------------------------------------------------------------- benchmark.batch_sizes
+
+OFFLINE_REFUSAL = ("the offline backend decodes one prompt at a time (batched offline speculative decoding is not "
+                   "built yet): use backend vllm for a sweep (its concurrency), or batch_sizes [1]")
+
+
+@pytest.mark.parametrize("text, lines", [
+    ("benchmark: {backend: vllm, batch_sizes: [4, 1]}\n",
+     ["benchmark.batch_sizes: [4, 1] must be ascending, e.g. [1, 4]"]),
+    ("benchmark: {backend: vllm, batch_sizes: [1, 1]}\n", ["benchmark.batch_sizes: [1, 1] has non-unique elements"]),
+    ("benchmark: {backend: vllm, batch_sizes: [0, 2]}\n", ["benchmark.batch_sizes[0]: 0 is less than the minimum of 1"]),
+    ("benchmark: {backend: vllm, batch_sizes: []}\n", ["benchmark.batch_sizes: [] should be non-empty"]),
+    ("benchmark: {backend: vllm, batch_sizes: 4}\n", ["benchmark.batch_sizes: 4 is not a list or null"]),
+    ("benchmark: {batch_sizes: [1, 4]}\n", [f"benchmark.batch_sizes: [1, 4]: {OFFLINE_REFUSAL}"]),
+    ("benchmark: {backend: vllm, concurrency: 4, batch_sizes: [1, 4]}\n",
+     ["benchmark.concurrency: 4 beside benchmark.batch_sizes, which replaces it: leave concurrency out (or 1) and list "
+      "the size in batch_sizes"]),
+])
+def test_bad_batch_sizes_name_file_and_key(tmp_path, text, lines):
+    path = user_config(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config([path])
+    assert str(e.value).splitlines() == [f"{path}: {line}" for line in lines]
+
+
+def test_batch_sizes_stand_for_the_one_size_of_a_run_without_them(tmp_path):
+    from draftsmith.benchmark.batch_sizes import batch_sizes
+
+    sweep = load_config([user_config(tmp_path, "benchmark: {backend: vllm, batch_sizes: [1, 4, 16], concurrency: 1}\n")])
+    assert sweep["benchmark"]["batch_sizes"] == [1, 4, 16] and batch_sizes(sweep["benchmark"]) == [1, 4, 16]
+    one = load_config([user_config(tmp_path, "benchmark: {backend: vllm, concurrency: 8}\n")])
+    assert one["benchmark"]["batch_sizes"] is None and batch_sizes(one["benchmark"]) == [8]
+    offline = load_config([user_config(tmp_path, "benchmark: {batch_sizes: [1]}\n")])["benchmark"]
+    assert batch_sizes(offline) == [1] == batch_sizes({**offline, "batch_sizes": None})
+    # the offline reference beside a vllm sweep: its one size is batch_size's, whatever the vllm backend sweeps
+    assert batch_sizes({**sweep["benchmark"], "batch_sizes": None}, "offline") == [1]
+
+
+def test_a_sweep_on_the_offline_backend_stops_the_workflow_naming_file_and_key(tmp_path):
+    path = write_config(tmp_path, {"benchmark": {"batch_sizes": [1, 2]}})
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc) == [f"{path}: benchmark.batch_sizes: [1, 2]: {OFFLINE_REFUSAL}"]
+
+
+def test_the_offline_benchmark_refuses_a_sweep_before_loading_anything():
+    from draftsmith.benchmark.offline import check_settings
+    from draftsmith.config.workflow import section_defaults
+
+    cfg = {**section_defaults("benchmark"), "num_speculative_tokens": 3, "methods": ["target_greedy", "eagle3_draft"]}
+    check_settings(cfg)
+    check_settings({**cfg, "batch_sizes": [1]})
+    with pytest.raises(ValueError, match=r"benchmark.batch_sizes = \[1, 4\]: the offline backend decodes one prompt at a "
+                                         r"time \(batched offline speculative decoding is not built yet\)"):
+        check_settings({**cfg, "batch_sizes": [1, 4]})

@@ -82,7 +82,10 @@ CHANGES = {
         "num_speculative_tokens": 1, "max_new_tokens": 8, "methods": ["target_greedy", "eagle3_draft"],
         "batch_size": 2, "prompt_lookup_ngram": 2, "cuda_graphs": False, "device": "auto", "dtype": "bfloat16",
         "seed": 1}.items()},
-    "benchmark.repeats": (3, {"benchmark"}),  # the tiny configuration times 2 runs per prompt
+    "benchmark.repeats": (3, {"benchmark"}),
+    # the sizes measured are the params (draftsmith.benchmark.batch_sizes): null stands for [batch_size] offline, and
+    # a size above 1 is a config error there (batched offline speculative decoding is not built)
+    "benchmark.batch_sizes": ([1], set(), "[1] is the one size null stands for on the offline backend: the same run"),  # the tiny configuration times 2 runs per prompt
     "benchmark.num_prompts": (2, {"benchmark_prompts"}),
     "benchmark.prompts": ("mt_bench", {"benchmark_prompts"}),
     **{f"benchmark.mt_bench.{k}": (v, set(), "read for benchmark.prompts mt_bench only; this configuration uses heldout")

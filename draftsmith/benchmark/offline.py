@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from draftsmith.benchmark.batch_sizes import OFFLINE_REFUSAL, batch_sizes
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
@@ -55,6 +56,9 @@ def check_settings(cfg: dict) -> None:
     if cfg["batch_size"] != 1:
         raise ValueError(f"benchmark.batch_size = {cfg['batch_size']}: the offline backend runs batch size 1 only "
                          "(use backend: vllm for concurrent requests)")
+    sizes = batch_sizes(cfg, "offline")
+    if sizes != [1]:
+        raise ValueError(f"benchmark.batch_sizes = {sizes}: {OFFLINE_REFUSAL}")
     for key in ("num_speculative_tokens", "max_new_tokens", "repeats"):
         if int(cfg[key]) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
@@ -253,6 +257,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "dtype": str(dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
         "num_prompts": num_prompts,
+        "batch_sizes": [1],
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,

@@ -25,13 +25,14 @@ import statistics
 import numpy as np
 import pandas as pd
 
+from draftsmith.benchmark.batch_sizes import add_per_batch_size
 from draftsmith.io import atomic_path, write_json
 
 BASELINE = "target_greedy"
 # every method a benchmark may report, in the order tables and figures show them
 METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft"]
 COLUMNS = [
-    "variant", "backend", "method", "prompt_id", "category", "prompt_tokens", "new_tokens", "target_forwards",
+    "variant", "backend", "method", "prompt_id", "category", "batch_size", "prompt_tokens", "new_tokens", "target_forwards",
     "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "first_token_seconds", "tokens_per_s",
     "speedup", "repeats", "time_spread", "repeat_seconds", "run_order",
 ]
@@ -67,6 +68,9 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     """Fill derived columns (acceptance length, tokens/s, speedup over target-only greedy per prompt, and the
     timing columns: `seconds` is the median of `repeat_seconds` where a row has them, else its single run)."""
     df = pd.DataFrame(rows)
+    if "batch_size" not in df:  # the offline backend decodes one prompt at a time
+        df["batch_size"] = 1
+    df["batch_size"] = df["batch_size"].astype(int)
     for col in accept_columns(k):
         if col not in df:
             df[col] = 0
@@ -84,9 +88,19 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     df["run_order"] = df["run_order"].fillna("").astype(str)
     df["acceptance_length"] = df["new_tokens"] / df["target_forwards"]
     df["tokens_per_s"] = df["new_tokens"] / df["seconds"]
-    base = df[df["method"] == BASELINE].set_index("prompt_id")["tokens_per_s"]
-    df["speedup"] = df["tokens_per_s"] / df["prompt_id"].map(base)
+    base = df[df["method"] == BASELINE].set_index(["batch_size", "prompt_id"])["tokens_per_s"]
+    keys = pd.MultiIndex.from_arrays([df["batch_size"], df["prompt_id"]])
+    df["speedup"] = df["tokens_per_s"].to_numpy() / base.reindex(keys).to_numpy()
     return df[COLUMNS + accept_columns(k)]
+
+
+def first_size_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each variant's smallest batch size, the size a summary's top-level figures are for (a per_prompt.csv
+    of a sweep holds every size's rows; one without the column, a single size)."""
+    if "batch_size" not in df or df.empty:
+        return df
+    smallest = df.groupby("variant")["batch_size"].transform("min") if "variant" in df else df["batch_size"].min()
+    return df[df["batch_size"] == smallest]
 
 
 def _repeat_matrix(g: pd.DataFrame) -> np.ndarray | None:
@@ -185,6 +199,7 @@ def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: d
         if "step_costs" in extras:  # draftsmith.benchmark.step_costs
             methods[method]["ideal_speedup"] = ideal_speedup(methods[method]["acceptance_length"], k,
                                                              extras["step_costs"]["cost_ratio"])
-    summary = {**meta, "num_speculative_tokens": k, "methods": methods}
+    add_per_batch_size({1: methods}, BASELINE)  # one size: the schema of a sweep's summary (vllm_benchmark)
+    summary = {"batch_sizes": [1], **meta, "num_speculative_tokens": k, "methods": methods}
     write_json(out_summary, summary)
     return summary

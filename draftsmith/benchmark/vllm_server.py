@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from draftsmith.benchmark.batch_sizes import batch_sizes
 from draftsmith.benchmark.prometheus import spec_decode_counters
 from draftsmith.devices import visible_gpu_count
 from draftsmith.target_model.spec import TargetSpec
@@ -59,7 +60,9 @@ def serve_command(target: TargetSpec, cfg: dict, port: int, draft_dir: str | Pat
            "--seed", str(cfg["seed"]),
            "--tensor-parallel-size", str(cfg["tensor_parallel_size"]),
            "--gpu-memory-utilization", str(cfg["gpu_memory_utilization"]),
-           "--max-num-seqs", str(max(1, cfg["concurrency"])),
+           "--max-num-seqs", str(max(batch_sizes(cfg, "vllm"))),
+           # the same prompts run at every batch size: none may find its prompt cached by an earlier size
+           "--no-enable-prefix-caching",
            "--generation-config", "vllm"]  # ignore the model's sampling defaults: greedy is asked per request
     dtype = target.stage_dtype(cfg["dtype"])
     if dtype != "auto":

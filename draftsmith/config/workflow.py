@@ -161,7 +161,9 @@ def check_config(config: dict, files) -> list[str]:
 
 def _between_keys(config: dict) -> list[tuple[tuple, str]]:
     """Problems the schema cannot say in one line: a dataset of prompts without replies that is not regenerated,
-    self_prompts.min_words above max_words."""
+    self_prompts.min_words above max_words, benchmark.batch_sizes out of order, above 1 on the offline backend or
+    beside concurrency or batch_size (draftsmith.benchmark.batch_sizes)."""
+    from draftsmith.benchmark.batch_sizes import batch_size_problems
     from draftsmith.data.prompt_sets import PROMPT_SETS
 
     problems = []
@@ -171,6 +173,9 @@ def _between_keys(config: dict) -> list[tuple[tuple, str]]:
         if (source in PROMPT_SETS or source == "self") and spec.get("regenerate") is not True:
             problems.append((("datasets", name), f"source {source} holds prompts without replies; set regenerate: true "
                                                  "(the target answers them)"))
+    bench = config.get("benchmark")
+    if isinstance(bench, dict):
+        problems += [(("benchmark", key), problem) for key, problem in batch_size_problems(bench)]
     section = config.get("self_prompts")
     if isinstance(section, dict):
         low, high = section.get("min_words", 3), section.get("max_words", 300)
