@@ -77,6 +77,12 @@ def test_per_prompt_and_summary_arithmetic(tmp_path):
     assert spec["decode_tokens_per_s"] == pytest.approx(12 / 0.9)
     assert spec["decode_speedup"] == pytest.approx((12 / 0.9) / (12 / 2.4))
     assert greedy["decode_speedup"] == pytest.approx(1.0)
+    # one batch size (the offline backend decodes one prompt at a time): the schema of a vllm sweep's summary
+    assert summary["batch_sizes"] == [1] and set(df["batch_size"]) == {1}
+    assert spec["per_batch_size"] == {"1": {"tokens_per_s": spec["tokens_per_s"], "speedup": spec["speedup"],
+                                            "acceptance_length": spec["acceptance_length"], "prompts": 2,
+                                            "new_tokens": 14, "seconds": 1.5}}
+    assert spec["pays_up_to"] == 1 and "pays_up_to" not in greedy and greedy["per_batch_size"]["1"]["speedup"] == 1.0
 
 
 def test_rows_without_first_token_times_have_no_decode_speedup(tmp_path):

@@ -257,3 +257,48 @@ def test_no_table_of_the_pipeline_report_is_wider_than_the_page(pipeline_run, tm
     beyond = {t.split()[0]: float(t.split()[1]) for t in overflow.split(";")}
     assert len(beyond) == len(tables) and all(px <= 0.5 for px in beyond.values()), beyond
     assert int(page_overflow) <= 0
+
+
+def swept(*speedups, backend="vllm") -> dict:
+    """A summary measured at batch sizes 1, 4, 16, ... with the draft's speedups as given."""
+    from draftsmith.benchmark.batch_sizes import pays_up_to
+
+    sizes = [1, 4, 16, 64][:len(speedups)]
+    per_size = {str(s): {"tokens_per_s": 10 * s * x, "speedup": x, "acceptance_length": 2.0} for s, x in zip(sizes, speedups)}
+    greedy = {str(s): {"tokens_per_s": 10 * s, "speedup": 1.0, "acceptance_length": 1.0} for s in sizes}
+    s = summary({"target_greedy": {**method(1.0, 1.0, 1.0), "per_batch_size": greedy},
+                 "eagle3_draft": {**method(speedups[0], acceptance=2.0), "per_batch_size": per_size,
+                                  "pays_up_to": pays_up_to(per_size)}}, backend)
+    return {**s, "batch_sizes": sizes}
+
+
+@pytest.mark.parametrize("speedups, sentence", [
+    ((1.45, 1.12, 0.9), "the trained draft beats target-only greedy up to concurrency 4 (1.45× at 1, 1.12× at 4); at 16 "
+                        "it is 0.90×."),
+    ((1.45, 0.9, 0.95, 1.05), "the trained draft beats target-only greedy up to concurrency 1 (1.45× at 1); at 4 it is "
+                              "0.90×, though above 1 again at 64."),
+    ((1.3, 1.2, 1.1, 1.02), "the trained draft beats target-only greedy at every measured concurrency, up to 64 (1.30× "
+                            "at 1, 1.02× at 64)."),
+    ((0.95, 0.8), "the trained draft does not beat target-only greedy even at concurrency 1 (0.95×); at 4 it is 0.80×."),
+])
+def test_the_report_says_where_the_draft_stops_paying(tmp_path, speedups, sentence):
+    from draftsmith.report.load import load_batch_sizes
+    from draftsmith.report.tables import findings, load_findings, load_table
+
+    by_variant, methods = load(tmp_path, swept(*speedups))
+    batch = load_batch_sizes(by_variant)
+    assert load_findings(batch) == [f"`v` (vllm backend) under load: {sentence}"]
+    lines = findings(by_variant, methods, pd.DataFrame(columns=["records_kept"]), pd.DataFrame(columns=["variant"]),
+                     pd.DataFrame(), DATA_SIZE, batch)
+    assert f"`v` (vllm backend) under load: {sentence}" in lines
+    table = load_table(batch)
+    assert list(table.columns) == ["variant", "backend", "method", "batch size", "tokens/s", "speedup", "acceptance length"]
+    assert list(table[table["method"] == "eagle3_draft"]["speedup"]) == list(speedups)
+
+
+def test_one_batch_size_says_nothing_about_load(tmp_path):
+    from draftsmith.report.load import load_batch_sizes
+    from draftsmith.report.tables import load_findings
+
+    by_variant, _ = load(tmp_path, swept(1.4))
+    assert load_findings(load_batch_sizes(by_variant)) == []

@@ -16,7 +16,7 @@ import pytest
 
 from draftsmith.benchmark.prometheus import counter_delta, parse_prometheus, spec_decode_counters
 from draftsmith.benchmark.results import COLUMNS, accept_columns
-from draftsmith.benchmark.vllm_benchmark import BASELINE_FILE, OUTPUTS_FILE, run_vllm_benchmark
+from draftsmith.benchmark.vllm_benchmark import BASELINE_FILE, OUTPUTS_BY_SIZE_FILE, OUTPUTS_FILE, run_vllm_benchmark
 from draftsmith.benchmark.vllm_server import (
     ServerError,
     VllmServer,
@@ -328,6 +328,62 @@ def test_concurrent_requests_report_aggregate_acceptance(stand_in, tmp_path):
     assert not math.isnan(summary["methods"]["target_greedy"]["speedup"])
 
 
+def test_a_sweep_runs_every_size_on_one_server_per_method_and_its_counters_add_up(stand_in, tmp_path):
+    cfg = {**CFG, "batch_sizes": [1, 2, 4]}
+    out = tmp_path / "bench"
+    summary = run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, cfg, out / "pp.csv", out / "summary.json",
+                                 "default", make_command=stand_in())
+    assert len(stand_in.pidfiles) == 2, "one server per method, each running every size"
+    assert summary["batch_sizes"] == [1, 2, 4]
+    rows = pd.read_csv(out / "pp.csv")
+    assert list(rows.columns) == COLUMNS + accept_columns(3)
+    assert rows.groupby(["batch_size", "method"]).size().to_dict() == {(s, m): 3 for s in (1, 2, 4)
+                                                                       for m in ("eagle3_draft", "target_greedy")}
+    spec = summary["methods"]["eagle3_draft"]
+    per_size = spec["per_batch_size"]
+    assert list(per_size) == ["1", "2", "4"] and list(summary["methods"]["target_greedy"]["per_batch_size"]) == ["1", "2", "4"]
+    for size, entry in per_size.items():
+        greedy = summary["methods"]["target_greedy"]["per_batch_size"][size]
+        assert entry["speedup"] == pytest.approx(entry["tokens_per_s"] / greedy["tokens_per_s"])
+        assert greedy["speedup"] == pytest.approx(1.0) and greedy["acceptance_length"] == 1.0
+        # the stand-in's counters: 2 + i drafts for prompt i, whatever the size
+        assert entry["counters"]["drafts"] == 2 + 3 + 4 and entry["acceptance_length"] == pytest.approx(48 / (3 + 9))
+        assert entry["in_flight"] == min(int(size), 3) and entry["lossless"] is True
+    # size 1: each request's own counters add up to the size's; above it they cannot be split by request
+    at_1 = rows[(rows["batch_size"] == 1) & (rows["method"] == "eagle3_draft")]
+    assert per_size["1"]["requests_add_up"] is True and per_size["1"]["per_request_counters"]["drafts"] == at_1["drafts"].sum()
+    assert per_size["2"]["requests_add_up"] is None and rows[rows["batch_size"] == 2]["drafts"].isna().any()
+    assert spec["sizes_add_up"] is True and spec["counters_all_sizes"]["drafts"] == 3 * 9
+    # the top-level figures are the smallest size's; pays_up_to reads the per-size speedups
+    assert spec["speedup"] == per_size["1"]["speedup"] and spec["counters"] == per_size["1"]["counters"]
+    speedups = [per_size[s]["speedup"] for s in ("1", "2", "4")]
+    beats = [s > 1 for s in speedups]
+    expected = None if not beats[0] else [1, 2, 4][beats.index(False) - 1] if False in beats else 4
+    assert spec["pays_up_to"] == expected and "pays_up_to" not in summary["methods"]["target_greedy"]
+    by_size = json.loads((out / OUTPUTS_BY_SIZE_FILE).read_text())
+    assert list(by_size) == ["1", "2", "4"] and by_size["4"] == json.loads((out / OUTPUTS_FILE).read_text())
+
+
+def test_the_server_holds_the_largest_size_without_prefix_caching():
+    cmd = serve_command(TargetSpec("org/target"), {**CFG, "batch_sizes": [1, 4, 16]}, 8123)
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "16" and "--no-enable-prefix-caching" in cmd
+    one = serve_command(TargetSpec("org/target"), {**CFG, "concurrency": 3}, 8123)
+    assert one[one.index("--max-num-seqs") + 1] == "3"
+
+
+def test_pays_up_to_is_the_largest_size_up_to_which_the_draft_beats_greedy():
+    from draftsmith.benchmark.batch_sizes import pays_up_to
+
+    def sizes(*speedups):
+        return {str(s): {"speedup": x} for s, x in zip([1, 4, 16, 64], speedups)}
+
+    assert pays_up_to(sizes(1.5, 1.2, 0.9, 0.7)) == 4
+    assert pays_up_to(sizes(1.5, 1.2, 1.1, 1.01)) == 64
+    assert pays_up_to(sizes(0.95, 1.2)) is None  # not at the smallest: it never paid from the start
+    assert pays_up_to(sizes(1.3, 0.9, 1.1)) == 1  # up to: a later size above 1 does not bridge the gap
+    assert pays_up_to(sizes(1.3, float("nan"))) == 1 and pays_up_to({}) is None
+
+
 def test_server_is_stopped_when_the_run_fails(stand_in, tmp_path):
     with pytest.raises(ServerError, match="chat completion failed \\(500\\)"):
         run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, CFG, tmp_path / "pp.csv", tmp_path / "s.json", "default",
@@ -385,3 +441,46 @@ def test_draft_server_failure_keeps_the_target_only_run_for_the_rerun(stand_in, 
     run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, changed, out / "per_prompt.csv", out / "summary.json",
                        "default", make_command=working)
     assert len(stand_in.pidfiles) == started + 3, "other settings measure the target-only run again"
+
+
+def test_the_report_says_where_a_swept_draft_stops_paying_and_plots_it(stand_in, tmp_path):
+    """The report's load table, sentence and figure on the summary a real sweep (against the stand-in server) wrote."""
+    import matplotlib.pyplot as plt
+
+    from draftsmith.report.figures import speedup_by_batch_size_figure
+    from draftsmith.report.load import load_batch_sizes, load_summaries
+    from draftsmith.report.tables import load_findings, load_table
+
+    out = tmp_path / "bench"
+    run_vllm_benchmark(TargetSpec("target"), "draft", PROMPTS, {**CFG, "batch_sizes": [1, 2, 4]}, out / "pp.csv",
+                       out / "summary.json", "default", make_command=stand_in())
+    by_variant, _ = load_summaries([out / "summary.json"])
+    batch = load_batch_sizes(by_variant)
+    spec = by_variant["default"]["methods"]["eagle3_draft"]
+    table = load_table(batch)
+    assert list(table["method"]) == ["target_greedy"] * 3 + ["eagle3_draft"] * 3
+    assert list(table["batch size"]) == [1, 2, 4, 1, 2, 4]
+    drafted = table[table["method"] == "eagle3_draft"]
+    assert list(drafted["speedup"]) == [spec["per_batch_size"][s]["speedup"] for s in ("1", "2", "4")]
+    [line] = load_findings(batch)
+    assert line.startswith("`default` (vllm backend) under load: the trained draft ")
+    speedup = {int(s): e["speedup"] for s, e in spec["per_batch_size"].items()}
+    pays = spec["pays_up_to"]
+    if pays is None:
+        assert f"does not beat target-only greedy even at concurrency 1 ({speedup[1]:.2f}×)" in line
+    elif pays == 4:
+        assert "beats target-only greedy at every measured concurrency, up to 4" in line
+    else:
+        after = {1: 2, 2: 4}[pays]
+        assert f"beats target-only greedy up to concurrency {pays} (" in line
+        assert f"); at {after} it is {speedup[after]:.2f}×" in line
+    fig = speedup_by_batch_size_figure(batch)
+    [ax] = fig.axes
+    assert [list(line.get_xdata()) for line in ax.lines[:1]] == [[1, 2, 4]]  # the draft's line over the three sizes
+    assert list(ax.lines[0].get_ydata()) == [speedup[1], speedup[2], speedup[4]]
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.lines)  # target-only greedy: the dashed line at 1
+    plt.close(fig)
+    one = speedup_by_batch_size_figure(batch[batch["batch_size"] == 1])
+    assert "one batch size measured" in one.axes[0].texts[0].get_text() and not one.axes[0].lines
+    plt.close(one)
+    assert load_findings(batch[batch["batch_size"] == 1]) == []  # one size: nothing to say about load

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftsmith.benchmark.results import BASELINE, METHODS
+from draftsmith.benchmark.results import BASELINE, METHODS, first_size_rows
 from draftsmith.io import read_json
 from draftsmith.report.load import ReportInputError
 from draftsmith.report.tables import fmt
@@ -26,7 +26,7 @@ def _load(summary_path) -> tuple[dict, pd.DataFrame]:
     path = Path(summary_path)
     try:
         summary = read_json(path)
-        per_prompt = pd.read_csv(path.parent / "per_prompt.csv")
+        per_prompt = first_size_rows(pd.read_csv(path.parent / "per_prompt.csv"))  # a sweep: batch size 1's rows
     except (OSError, ValueError) as e:
         raise ReportInputError(f"{path}: cannot read the benchmark results: {e}") from e
     missing = [c for c in ["variant", "method", "prompt_id", *COUNTERS] if c not in per_prompt.columns]

@@ -20,6 +20,7 @@ from draftsmith.report.backends import backend_findings, backends_table
 from draftsmith.report.figures import FIGURES, draw_figures
 from draftsmith.report.load import (
     ReportInputError,
+    load_batch_sizes,
     load_drafts,
     load_manifests,
     load_metrics,
@@ -35,6 +36,7 @@ from draftsmith.report.tables import (
     findings,
     fmt,
     inputs_table,
+    load_table,
     speed_table,
     stats_table,
     summary_table,
@@ -64,6 +66,7 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     log.info("report inputs: %d variants, %d datasets, %d shards", len(summary_by_variant), len(stats_df),
              len(shards_df))
     by_category = acceptance_by_category(per_prompt_df)
+    batch = load_batch_sizes(summary_by_variant)
     training = training_table(metrics_df)
     curve = learning_curve(load_training_data(training_data), training, methods, summary_by_variant)
     data_size = report_table(curve)
@@ -75,6 +78,7 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     tables = {
         "summary": summary_table(methods),
         "speed": speed_table(methods),
+        "load": load_table(batch),
         "predicted": predicted,
         "categories": by_category,
         "data_size": data_size,
@@ -86,7 +90,7 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
         "inputs": inputs_table({kind: paths for kind, paths in inputs.items() if paths}),
     }
     verdict = verdict_lines(summary_by_variant, methods, predicted, data_size)
-    lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size)
+    lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size, batch)
     if reference:
         backends = backends_table(summaries, reference)
         tables["backends"] = backends.drop(columns="_differ")
@@ -94,7 +98,7 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     config_yaml = yaml.safe_dump(plain_config(config), sort_keys=False)
     title = "draftsmith report: EAGLE-3 draft " + ", ".join(sorted(summary_by_variant))
     with atomic_dir(figures_dir) as tmp:
-        draw_figures(methods, per_prompt_df, metrics_df, stats_df, by_category, data_size, tmp)
+        draw_figures(methods, per_prompt_df, metrics_df, stats_df, by_category, data_size, tmp, batch)
     sums = checksums(tables["inputs"])
     if out_csv is not None:
         write_csv(curve, out_csv)

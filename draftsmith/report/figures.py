@@ -24,6 +24,7 @@ FIGURES = {
     "acceptance_length": "Acceptance length (tokens per target forward) by method",
     "per_position_acceptance": "Acceptance rate by draft position",
     "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy, with its range over the timed runs",
+    "speedup_by_batch_size": "Throughput under load: speedup over target-only greedy against batch size (vllm: requests in flight)",
     "training_loss": "Training loss per TTT step",
     "training_accuracy": "Training accuracy per TTT step",
     "acceptance_by_category": "Acceptance length per prompt category",
@@ -98,6 +99,36 @@ def plot_throughput(methods: pd.DataFrame, path: Path) -> None:
            title="Throughput (labels: speedup over target-only greedy; below it, its range over the timed runs)")
     ax.margins(y=0.12)
     _save(fig, path)
+
+
+def plot_speedup_by_batch_size(batch: pd.DataFrame, path: Path) -> None:
+    _save(speedup_by_batch_size_figure(batch), path)
+
+
+def speedup_by_batch_size_figure(batch: pd.DataFrame):
+    """Speedup over target-only greedy at each batch size, one line per method (and variant); a note where no variant
+    was measured at two or more sizes."""
+    drafting = batch[batch["method"] != BASELINE].dropna(subset=["speedup"])
+    swept = drafting.groupby("variant")["batch_size"].nunique()
+    drafting = drafting[drafting["variant"].isin(swept[swept >= 2].index)]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    if drafting.empty:
+        ax.text(0.5, 0.5, "one batch size measured: set benchmark.batch_sizes (backend vllm) for a sweep",
+                ha="center", transform=ax.transAxes)
+    else:
+        df = drafting.assign(method=drafting["method"].map(method_label))
+        order = [method_label(m) for m in method_order(drafting["method"])]
+        sns.lineplot(df, x="batch_size", y="speedup", hue="method", hue_order=order,
+                     style="variant" if df["variant"].nunique() > 1 else None, markers=True, errorbar=None, ax=ax)
+        ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="target-only greedy")
+        ax.set_xscale("log", base=2)
+        ticks = sorted(df["batch_size"].unique())
+        ax.minorticks_off()
+        ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
+    ax.set(xlabel="batch size (requests in flight; log scale)", ylabel="speedup over target-only greedy",
+           title="Throughput under load: where the draft stops paying (below the dashed line)")
+    return fig
 
 
 def training_long(metrics: pd.DataFrame, prefixes: dict[str, str]) -> pd.DataFrame:
@@ -217,9 +248,11 @@ def plot_data_stats(stats: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def draw_figures(methods, per_prompt, metrics, stats, by_category, data_size, figures_dir: Path) -> None:
+def draw_figures(methods, per_prompt, metrics, stats, by_category, data_size, figures_dir: Path, batch=None) -> None:
     sns.set_theme(style="whitegrid", context="notebook")
+    batch = batch if batch is not None else pd.DataFrame(columns=["variant", "method", "batch_size", "speedup"])
     jobs = {
+        "speedup_by_batch_size": lambda p: plot_speedup_by_batch_size(batch, p),
         "acceptance_length": lambda p: plot_acceptance_length(methods, per_prompt, p),
         "per_position_acceptance": lambda p: plot_per_position(methods, p),
         "throughput": lambda p: plot_throughput(methods, p),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from draftsmith.benchmark.results import first_size_rows
 from draftsmith.extraction.shards import manifest_rebuild_hint
 from draftsmith.io import InvalidJSONFileError, read_json, sha256_file
 
@@ -102,14 +103,33 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
     return by_variant, pd.DataFrame(rows)
 
 
+def load_batch_sizes(summaries: dict[str, dict]) -> pd.DataFrame:
+    """One row per (variant, method, batch size) from each summary's per_batch_size (draftsmith.benchmark.batch_sizes),
+    with the method's pays_up_to; a summary written without it counts as its one size (concurrency, else 1)."""
+    rows = []
+    for variant, summary in summaries.items():
+        for method, m in summary["methods"].items():
+            sizes = m.get("per_batch_size") or {str(summary.get("concurrency") or 1): m}
+            for size, entry in sizes.items():
+                rows.append({"variant": variant, "backend": summary["backend"], "method": method,
+                             "batch_size": int(size), "tokens_per_s": _float(entry.get("tokens_per_s")),
+                             "speedup": _float(entry.get("speedup")),
+                             "acceptance_length": _float(entry.get("acceptance_length")),
+                             "pays_up_to": m.get("pays_up_to")})
+    columns = ["variant", "backend", "method", "batch_size", "tokens_per_s", "speedup", "acceptance_length", "pays_up_to"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def load_per_prompt(paths, variants) -> pd.DataFrame:
+    """The per-prompt rows of each variant's smallest batch size, the size its summary's top-level figures are for (a
+    sweep's rows at larger sizes have no per-request counters; draftsmith.report.load_batch_sizes reads those sizes)."""
     frames = []
     for path in paths:
         df = _read_csv(path, PER_PROMPT_COLUMNS)
         unknown = sorted(set(df["variant"]) - set(variants))
         if unknown:
             raise ReportInputError(f"{path}: column variant has {unknown}, which no benchmark summary describes")
-        frames.append(df)
+        frames.append(first_size_rows(df))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PER_PROMPT_COLUMNS)
 
 

@@ -45,6 +45,11 @@ SECTIONS = [
      "each prompt's first (the prompt's forward, paid once by every method, left out; offline only). c and "
      "τ/(1+k·c): the cost model of a round (k draft steps and one target step), from the median of 20 timed steps. "
      "A vLLM benchmark times one run per method: its spread and range are unknown (—)."),
+    ("load", "Throughput under load",
+     "Total generated tokens/s of every method at each batch size of benchmark.batch_sizes (vllm: requests in flight "
+     "against one server per method; offline: batch size 1 only), the speedup over target-only greedy at the same size, "
+     "and acceptance length (at a vLLM size above 1 from the server's spec-decode counters over the size). The summary's "
+     "figures are those of the smallest size."),
     ("predicted", "What validation predicted, what the benchmark measured",
      "Validation full accuracy of TTT step i (training, last validation row) = the fraction of held-out training "
      "positions where the draft's tokens of steps 0..i were all the target's greedy tokens, the draft fed the "
@@ -85,6 +90,7 @@ OPTIONAL_SECTIONS = [
 ]
 FIGURE_SECTIONS = {
     "summary": ["acceptance_length", "per_position_acceptance", "throughput"],
+    "load": ["speedup_by_batch_size"],
     "categories": ["acceptance_by_category"],
     "data_size": ["data_size"],
     "training": ["training_loss", "training_accuracy"],

@@ -73,6 +73,55 @@ def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+def load_table(batch: pd.DataFrame) -> pd.DataFrame:
+    """Per (variant, method, batch size): total tokens/s, the speedup over target-only greedy at the same size, and
+    acceptance length (draftsmith.report.load.load_batch_sizes)."""
+    order = {m: i for i, m in enumerate(method_order(batch["method"]))}
+    df = batch.assign(_o=batch["method"].map(order)).sort_values(["variant", "_o", "batch_size"])
+    return pd.DataFrame({
+        "variant": df["variant"],
+        "backend": df["backend"],
+        "method": df["method"],
+        "batch size": df["batch_size"].astype(int),
+        "tokens/s": df["tokens_per_s"],
+        "speedup": df["speedup"],
+        "acceptance length": df["acceptance_length"],
+    }).reset_index(drop=True)
+
+
+def load_findings(batch: pd.DataFrame) -> list[str]:
+    """Per variant measured at two or more batch sizes, one sentence on where the trained draft stops paying: the largest
+    size up to which it beats target-only greedy (pays_up_to), and its speedup at the next size."""
+    lines = []
+    draft = batch[batch["method"] == "eagle3_draft"]
+    for variant, g in draft.groupby("variant", sort=True):
+        g = g.sort_values("batch_size")
+        if len(g) < 2:
+            continue
+        unit = "concurrency" if g["backend"].iloc[0] == "vllm" else "batch size"
+        sizes, speedups = [int(s) for s in g["batch_size"]], list(g["speedup"])
+        at = {s: x for s, x in zip(sizes, speedups)}
+        pays = g["pays_up_to"].iloc[0]
+        pays = None if pays is None or pd.isna(pays) else int(pays)
+        where = f"`{variant}` ({g['backend'].iloc[0]} backend) under load: the trained draft"
+        if pays is None:
+            text = (f"{where} does not beat target-only greedy even at {unit} {sizes[0]} ({fmt(speedups[0], 2)}×); "
+                    + ", ".join(f"at {s} it is {fmt(x, 2)}×" for s, x in zip(sizes[1:], speedups[1:])))
+        elif pays == sizes[-1]:
+            text = (f"{where} beats target-only greedy at every measured {unit}, up to {pays} "
+                    f"({fmt(at[sizes[0]], 2)}× at {sizes[0]}, {fmt(at[pays], 2)}× at {pays})")
+        else:
+            after = sizes[sizes.index(pays) + 1]
+            text = (f"{where} beats target-only greedy up to {unit} {pays} ({fmt(at[sizes[0]], 2)}× at {sizes[0]}"
+                    + (f", {fmt(at[pays], 2)}× at {pays}" if pays != sizes[0] else "")
+                    + f"); at {after} it is {fmt(at[after], 2)}×")
+            later = [s for s in sizes if s > after and pd.notna(at[s]) and at[s] > 1]
+            if later:
+                text += f", though above 1 again at {', '.join(map(str, later))}"
+        lines.append(text + ".")
+    return lines
+
+
 def acceptance_by_category(per_prompt: pd.DataFrame) -> pd.DataFrame:
     """Acceptance length (new tokens / target forwards over the category's prompts) per category, one
     column per (variant, method) that drafts: the shape of the EAGLE-3 paper's MT-Bench tables."""
@@ -248,8 +297,9 @@ def data_size_findings(data_size: pd.DataFrame) -> list[str]:
 
 
 def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metrics: pd.DataFrame,
-             by_category: pd.DataFrame, data_size: pd.DataFrame) -> list[str]:
-    """Plain-language statements computed from the inputs."""
+             by_category: pd.DataFrame, data_size: pd.DataFrame, batch: pd.DataFrame | None = None) -> list[str]:
+    """Plain-language statements computed from the inputs; `batch`: every method at every batch size
+    (draftsmith.report.load.load_batch_sizes), for where the draft stops paying under load."""
     lines = []
     for variant in sorted(summaries):
         s = summaries[variant]
@@ -299,6 +349,8 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
             best = drafts.iloc[0]
             lines.append(f"Best variant by acceptance length: `{best['variant']}` "
                          f"({fmt(best['acceptance_length'], 2)}).")
+    if batch is not None:
+        lines += load_findings(batch)
     lines += category_findings(by_category) + data_size_findings(data_size)
     if len(stats):
         skipped = int(stats["records_skipped"].sum())

@@ -1,7 +1,8 @@
 """The workflow's own rules with the vLLM backends on the real engine, as a user's run does on a GPU node, here on the
 engine's CPU platform: Snakemake builds the target, prepares the data, runs preflight, extracts a shard with
 `extraction.backend: vllm` (scripts/extract_hidden_states.py validates it), trains the draft, and benchmarks it with
-`benchmark.backend: vllm` (`vllm serve`, target alone and then with the draft) through the test-only CPU worker
+`benchmark.backend: vllm` (`vllm serve`, target alone and then with the draft, each server sweeping
+`benchmark.batch_sizes` [1, 2]: one request in flight, then two) through the test-only CPU worker
 (`benchmark.cpu_test_worker`), with the offline benchmark of the same draft beside it (`benchmark.offline_reference`).
 Then, on those files:
 
@@ -10,7 +11,9 @@ Then, on those files:
   that for Eagle3: its load_weights returns None), nothing skipped or reported missing in vLLM's logs; d2t as
   trained, t2d the set of targets d2t maps to; the target's auxiliary layers those of the draft config;
 - vLLM's draft/accept counters equal the offline benchmark's prompt by prompt (float32), and vLLM's output with the
-  draft equals its output without it, which equals transformers' greedy output.
+  draft equals its output without it, which equals transformers' greedy output;
+- the sweep's counters add up: at each batch size the server's counter deltas equal the per-request totals (each
+  request's own delta at size 1), and the sizes' deltas the whole run's.
 
 The last rule, the report, needs the core venv's plotting stack (`make demo-vllm` runs it there);
 tests/test_report_backends.py covers its offline-vs-vLLM section.
@@ -44,6 +47,7 @@ from draftsmith.vllm_stack.probes import CPU_TEST_WORKER  # noqa: E402
 
 pytestmark = pytest.mark.engine
 K, MAX_NEW_TOKENS, PROMPTS = 2, 32, 4
+SIZES = [1, 2]  # benchmark.batch_sizes: the vllm backend's concurrency sweep
 COUNTERS = ["prompt_tokens", "new_tokens", "target_forwards", "drafts", "draft_tokens", "accepted_tokens",
             *accept_columns(K)]
 # what vLLM logs when a checkpoint's weights do not fit the model (AutoWeightsLoader, DefaultModelLoader, Eagle3)
@@ -63,7 +67,8 @@ def run(tmp_path_factory):
         "extraction": {"backend": "vllm", "num_shards": 1, "aux_layer_ids": AUX, "dtype": "float32", "batch_size": 16,
                        "tensor_parallel_size": 1},
         "benchmark": {"backend": "vllm", "cpu_test_worker": True, "offline_reference": True, "num_prompts": PROMPTS,
-                      "num_speculative_tokens": K, "max_new_tokens": MAX_NEW_TOKENS, "dtype": "float32"},
+                      "num_speculative_tokens": K, "max_new_tokens": MAX_NEW_TOKENS, "dtype": "float32",
+                      "batch_sizes": SIZES},
     })
     start = time.perf_counter()
     with pytest.MonkeyPatch.context() as env:
@@ -212,7 +217,7 @@ def test_vllm_counters_equal_the_offline_benchmark_prompt_by_prompt(run):
     assert set(vllm["backend"]) == {"vllm"} and set(offline["backend"]) == {"offline"}
 
     def counters(df):
-        rows = df[df["method"] == "eagle3_draft"].sort_values("prompt_id")
+        rows = df[(df["method"] == "eagle3_draft") & (df["batch_size"] == 1)].sort_values("prompt_id")
         return rows[["prompt_id", *COUNTERS]].astype({c: int for c in COUNTERS}).reset_index(drop=True)
 
     ours, theirs = counters(vllm), counters(offline)
@@ -235,6 +240,8 @@ def test_vllm_output_with_the_draft_equals_greedy_decoding(run):
     outputs = json.loads((bench / "vllm_outputs.json").read_text())
     assert summary["methods"]["eagle3_draft"]["lossless"] is True
     assert outputs["eagle3_draft"] == outputs["target_greedy"]
+    by_size = json.loads((bench / "vllm_outputs_by_batch_size.json").read_text())
+    assert by_size == {str(size): outputs for size in SIZES}  # two requests in flight decode the same tokens
     target = TargetSpec(str(results / "target"), dtype="float32")
     tokenizer, model = target.load_tokenizer(), target.load_causal_lm(torch.float32).eval()
     runner, stop = TargetModel(model), stop_token_ids(tokenizer, model)
@@ -243,3 +250,44 @@ def test_vllm_output_with_the_draft_equals_greedy_decoding(run):
     for prompt in prompts:
         ids = tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True)
         assert outputs["target_greedy"][prompt["prompt_id"]] == greedy_decode(runner, ids, MAX_NEW_TOKENS, stop).tokens
+
+
+# ----------------------------------------------------------------------------- the concurrency sweep
+
+
+def test_the_sweeps_counters_add_up_to_the_per_request_totals_at_every_size(run):
+    bench = run / "results" / "benchmark" / "default"
+    summary = json.loads((bench / "summary.json").read_text())
+    per_prompt = pd.read_csv(bench / "per_prompt.csv")
+    assert summary["batch_sizes"] == SIZES
+    assert per_prompt.groupby(["batch_size", "method"]).size().to_dict() == {
+        (size, method): PROMPTS for size in SIZES for method in ("target_greedy", "eagle3_draft")}
+    spec = summary["methods"]["eagle3_draft"]
+    per_size = spec["per_batch_size"]
+    assert list(per_size) == ["1", "2"]
+    # the per-request totals: each request's own counter delta, read around it at batch size 1
+    at_1 = per_prompt[(per_prompt["method"] == "eagle3_draft") & (per_prompt["batch_size"] == 1)]
+    requests = {"drafts": int(at_1["drafts"].sum()), "draft_tokens": int(at_1["draft_tokens"].sum()),
+                "accepted": int(at_1["accepted_tokens"].sum()),
+                "accepted_per_pos": [int(at_1[c].sum()) for c in accept_columns(K)]}
+    assert per_size["1"]["requests_add_up"] is True and per_size["1"]["per_request_counters"] == requests
+    # at each size the server's counter delta over the size equals them: at 2 in flight vLLM's counters cannot be split
+    # by request, but greedy decoding in float32 drafts and accepts the same tokens per request at either size
+    for size in ("1", "2"):
+        assert per_size[size]["counters"] == requests, size
+        assert per_size[size]["lossless"] is True and per_size[size]["in_flight"] == int(size)
+        new_tokens = per_size[size]["new_tokens"]
+        # every token is the prefill's or a verification's (accepted drafts plus the target's own); the last round of
+        # a request may run up to k tokens past max_new_tokens, which its output drops
+        assert new_tokens <= PROMPTS + requests["drafts"] + requests["accepted"] <= new_tokens + PROMPTS * K
+        assert per_size[size]["acceptance_length"] == pytest.approx(new_tokens / (PROMPTS + requests["drafts"]))
+        greedy = summary["methods"]["target_greedy"]["per_batch_size"][size]
+        assert per_size[size]["speedup"] == pytest.approx(per_size[size]["tokens_per_s"] / greedy["tokens_per_s"])
+    assert per_size["2"]["requests_add_up"] is None and at_1["drafts"].notna().all()
+    assert per_prompt[(per_prompt["method"] == "eagle3_draft") & (per_prompt["batch_size"] == 2)]["drafts"].isna().all()
+    # the sizes' deltas add up to the delta over the whole run (after the warm-up request): nothing else was counted
+    assert spec["sizes_add_up"] is True
+    assert spec["counters_all_sizes"]["drafts"] == len(SIZES) * requests["drafts"]
+    assert spec["pays_up_to"] in (None, 1, 2)
+    log = (bench / "vllm_serve_eagle3_draft.log").read_text()
+    assert "'max_num_seqs': 2" in log or "max_num_seqs=2" in log  # one server holds the largest size
