@@ -1,7 +1,8 @@
 """Benchmark result tables shared by the offline and vLLM backends.
 
-`per_prompt.csv` has one row per (prompt, method); `summary.json` aggregates per method, and within
-each method per prompt category (MT-Bench's eight, the synthetic task families, or "all").
+`per_prompt.csv` has one row per (prompt, method, batch size); `summary.json` aggregates per method, and within
+each method per prompt category (MT-Bench's eight, the synthetic task families, or "all"), with `per_batch_size`
+and `pays_up_to` per method (draftsmith.benchmark.batch_sizes; the offline backend's one size is 1).
 Acceptance length is tokens generated per target forward pass, the bonus token included (each prompt's
 forward counts, and yields one token); `tokens_per_drafted_round` is 1 + accepted draft tokens per draft,
 the tokens a round with a proposal yields (the acceptance length the EAGLE papers report). Besides the
