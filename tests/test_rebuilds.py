@@ -30,7 +30,7 @@ READERS = {
     "report": set(),
 }
 TARGET_LOADERS = {"prepare_dataset", "extract_hidden_states", "vocab_map", "train_draft", "benchmark"}
-EVERYTHING = set(READERS) - {"regenerate"}
+EVERYTHING = set(READERS) - {"self_prompts", "regenerate"}  # the tiny run answers no prompts
 
 # key -> (new value, the rules that read it); a set() says the key changes no output here, and why
 VLLM_ONLY = "read by the vllm backend only; this configuration uses hf extraction and the offline benchmark"
