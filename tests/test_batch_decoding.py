@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from draftsmith.data.regenerate_hf import HFBackend
-from draftsmith.decoding.batch import BatchDecoder, Sampling, uniform_noise
+from draftsmith.decoding.batch import BatchDecoder, Sampling, choose_tokens, nucleus_threshold, uniform_per_row
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
 QUESTIONS = ["What is 12 + 7?", "What is the capital of France?", "Count from 3 to 9.", "Say hi.",
@@ -111,17 +111,42 @@ def test_sampling_cut_to_the_most_likely_token_is_greedy(tiny, sampling):
         BatchDecoder(model, 4).generate(prompts, 16, stops)
 
 
-def test_sampling_noise_is_uniform_and_independent_per_seed_and_step():
-    seeds, steps = torch.tensor([0, 1, 2**31 - 1, 0]), torch.tensor([0, 0, 5, 1])
-    u = uniform_noise(seeds, steps, 50_000)
+def test_the_per_row_uniforms_are_uniform_and_differ_by_seed_and_step():
+    seeds = torch.arange(200_000) % 1000
+    steps = torch.arange(200_000) // 1000
+    u = uniform_per_row(seeds, steps)
     assert float(u.min()) > 0 and float(u.max()) < 1
-    edges = uniform_noise(torch.tensor([0]), torch.tensor([0]), 1 << 20)  # 2^20 draws: none rounds to 0 or 1
-    assert 0 < float(edges.min()) and float(edges.max()) < 1 and float(edges.max()) > 1 - 1e-5
-    counts = torch.histc(u.flatten(), bins=10, min=0, max=1)
+    counts = torch.histc(u.float(), bins=10, min=0, max=1)
     assert float((counts / counts.mean() - 1).abs().max()) < 0.03
-    assert not torch.equal(u[0], u[3]) and not torch.equal(u[0], u[1])  # another step, another seed: other noise
-    assert abs(float(torch.corrcoef(torch.stack([u[0], u[3]]))[0, 1])) < 0.03
-    assert torch.equal(u, uniform_noise(seeds, steps, 50_000))
+    assert len(set(u.tolist())) > 196_000  # (seed, step) pairs give their own numbers (23 bits: ~2.4k collide)
+    assert torch.equal(u, uniform_per_row(seeds, steps))
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99])
+def test_the_bisected_nucleus_is_the_sorted_one(top_p):
+    """The tokens kept are those the sort-based definition keeps: the most likely, up to and including the one whose
+    cumulative mass first exceeds top_p (random peaked and flat rows)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.randn(64, 5000, generator=g) * 4, torch.randn(64, 5000, generator=g) * 0.1])
+    probs = logits.double().softmax(-1)  # float64: the two sums then agree at the boundary token
+    kept = probs.log() >= nucleus_threshold(probs.log(), top_p)
+    ordered, order = probs.sort(-1, descending=True)
+    before = ordered.cumsum(-1) - ordered
+    reference = torch.zeros_like(kept).scatter(-1, order, before <= top_p)
+    assert torch.equal(kept, reference)
+
+
+def test_sampled_tokens_follow_the_distribution():
+    """Many rows drawing from one known distribution: the frequencies match it (and top-k/top-p cut it)."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(40_000, 4)
+    seeds, steps = torch.arange(40_000), torch.zeros(40_000, dtype=torch.long)
+    counts = torch.bincount(choose_tokens(logits, Sampling(temperature=1.0), seeds, steps), minlength=4) / 40_000
+    assert torch.allclose(counts, probs, atol=0.01)
+    cut = torch.bincount(choose_tokens(logits, Sampling(temperature=1.0, top_p=0.7), seeds, steps), minlength=4)
+    assert cut[2:].sum() == 0 and abs(float(cut[0]) / 40_000 - 0.5 / 0.8) < 0.01
+    top1 = choose_tokens(logits, Sampling(temperature=1.0, top_k=1), seeds, steps)
+    assert bool((top1 == 0).all())
 
 
 def test_the_hf_backend_answers_alike_through_the_batched_decoder_and_generate(tiny_target):
