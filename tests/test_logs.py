@@ -9,12 +9,13 @@ from pathlib import Path
 from conftest import REPO, snakemake, write_config
 
 # configs that together plan every rule of the workflow: the tiny one (build_target), and one with the packaged
-# target, a regenerated dataset and the vLLM benchmark with its offline reference (import_target, regenerate,
-# benchmark_offline_reference)
+# target, a regenerated dataset, prompts the target writes and the vLLM benchmark with its offline reference
+# (import_target, regenerate, self_prompts, benchmark_offline_reference)
 CONFIGS = {
     "tiny": {},
     "packaged": {"target": {"model": "smollm2-135m-instruct"},
-                 "datasets": {"synthetic": {"source": "synthetic", "regenerate": True}},
+                 "datasets": {"synthetic": {"source": "synthetic", "regenerate": True},
+                              "written": {"source": "self", "num_prompts": 4, "regenerate": True}},
                  "benchmark": {"backend": "vllm", "offline_reference": True}},
 }
 
