@@ -20,7 +20,6 @@ verified context and to its own chain. Draft token d maps to target token d + d2
 from __future__ import annotations
 
 import functools
-import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from draftsmith.decoding.static_cache import (
     StaticKV,
     StepGraphs,
     full_attention_sdpa,
+    keeps_logits,
     positions_and_mask,
     prompt_bucket,
     prompt_buckets,
@@ -115,7 +115,7 @@ class TargetModel:
         decoder = find_decoder(model)
         for layer_id in self.aux_layer_ids:
             decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keeps_logits = keeps_logits(model)
         self.static = full_attention_sdpa(model)
         if cuda_graphs and not (self.static and self.device.type == "cuda"):
             raise ValueError("CUDA graphs need a CUDA device and a full-attention SDPA target "

@@ -22,7 +22,6 @@ matrix products, are what a decode step's time goes to.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
-from draftsmith.decoding.static_cache import full_attention_sdpa
+from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class BatchDecoder:
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {self.device.type})")
         self.sync_every = max(1, sync_every)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keeps_logits = keeps_logits(model)
         # every config the attention layers read their implementation from (a multimodal model nests one)
         self._configs = list({id(m.config): m.config for m in model.modules()
                               if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
@@ -228,6 +227,9 @@ class BatchDecoder:
                 config._attn_implementation = implementation
         return out.logits[:, -1]
 
+    def _is_stop(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (tokens[:, None] == self.stops[None, :]).any(-1)
+
     # ------------------------------------------------------------------ the two kinds of forward
     def _prefill(self, rows: list[int], prompts: list[list[int]], seeds: list[int]) -> None:
         """Write `prompts` into cache `rows` (left-padded to the longest) and choose each one's first token."""
@@ -257,7 +259,7 @@ class BatchDecoder:
         self.seeds[row_ids] = row_seeds
         self.lengths[row_ids] = 1
         self.out[row_ids, 0] = first
-        self.finished[row_ids] = (first[:, None] == self.stops[None, :]).any(-1) | (self.max_new_tokens <= 1)
+        self.finished[row_ids] = self._is_stop(first) | (self.max_new_tokens <= 1)
 
     def _step(self, span: int) -> None:
         """One token for every row, on the device alone (what a CUDA graph captures), attending to the first `span`
@@ -274,8 +276,7 @@ class BatchDecoder:
         at = self.lengths.clamp(max=self.max_new_tokens - 1)
         self.out[self.all_rows, at] = torch.where(active, chosen, self.out[self.all_rows, at])
         self.lengths += active.long()
-        stopped = (chosen[:, None] == self.stops[None, :]).any(-1)
-        self.finished |= active & (stopped | (self.lengths >= self.max_new_tokens))
+        self.finished |= active & (self._is_stop(chosen) | (self.lengths >= self.max_new_tokens))
         self.tokens.copy_(chosen)
         self.slots.copy_((self.slots + 1).clamp(max=self.length - 1))  # a free row writes its last slot, unread
 

@@ -10,6 +10,7 @@ so the tests check the captured code's arithmetic there.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -115,3 +116,8 @@ def full_attention_sdpa(model) -> bool:
     return (getattr(model.config, "_attn_implementation", None) == "sdpa"
             and not getattr(config, "sliding_window", None)
             and "sliding_attention" not in (getattr(config, "layer_types", None) or []))
+
+
+def keeps_logits(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (then a step computes only the logits it reads)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
