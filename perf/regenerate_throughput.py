@@ -34,6 +34,7 @@ from draftsmith.data import mtbench, prompt_sets  # noqa: E402
 from draftsmith.data.regenerate import prompt_text_key, regeneration_prompts, sample_seed  # noqa: E402
 from draftsmith.data.regenerate_hf import HFBackend  # noqa: E402
 from draftsmith.data.synthetic import generate_corpus  # noqa: E402
+from draftsmith.decoding.batch import BatchDecoder  # noqa: E402
 from draftsmith.io import write_json, write_jsonl, write_text  # noqa: E402
 from draftsmith.provenance import package_versions  # noqa: E402
 from draftsmith.target_model.layers import text_config  # noqa: E402
@@ -81,7 +82,9 @@ def matmul_rate(device, dtype, n: int = 8192) -> float:
     return 2 * n**3 / min(timed(lambda: a @ a)[1] for _ in range(6))
 
 
-def run_batched(backend, requests, gen) -> dict:
+def run_batched(backend, requests, gen, compile_sampler: bool = False) -> dict:
+    if compile_sampler:
+        backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=True)
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
@@ -93,6 +96,24 @@ def run_batched(backend, requests, gen) -> dict:
             "prefill_tokens": decoder.prefill_tokens - prefill0, "cache_length": decoder.length,
             "cut_at_limit": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
             "answers": answers}
+
+
+def profile_steps(model, prompts, gen, batch: int, path: str, steps: int = 32) -> None:
+    """Where an eager decode step's time goes (no CUDA graphs, so each kernel shows): `steps` tokens for `batch`
+    prompts, sampled as `gen` says; the kernels by total device time to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from draftsmith.decoding.batch import Sampling
+
+    decoder = BatchDecoder(model, batch, cuda_graphs=False)
+    sampling = Sampling(gen["temperature"], gen["top_p"], gen["top_k"])
+    rows = prompts[:batch]
+    decoder.generate(rows, 4, [], sampling)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        decoder.generate(rows, steps, [], sampling)
+        synchronize()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+    write_text(path, f"{batch} rows, {steps} tokens each (eager), sampling {sampling}\n\n{table}\n")
 
 
 def run_generate(backend, requests, gen) -> dict:
@@ -136,6 +157,11 @@ def main():
                     help="longer prompts are left out, as regenerate leaves out those longer than seq_length")
     ap.add_argument("--max-prompts", type=int, default=None, help="only the first n prompts (a smoke test)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--greedy-all", action="store_true",
+                    help="also every prompt once, greedy, at the largest batch (the decode step without a sampler)")
+    ap.add_argument("--compile-sampler", action="store_true",
+                    help="also the largest batch sampled with the token choice compiled (torch.compile)")
+    ap.add_argument("--profile", help="write a profile of eager decode steps at the largest batch to this file")
     ap.add_argument("--out-json", required=True)
     ap.add_argument("--table", required=True)
     args = ap.parse_args()
@@ -187,6 +213,25 @@ def main():
               f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step)")
         if args.device == "cuda":
             torch.cuda.empty_cache()
+    if args.compile_sampler:
+        batch = max(batch_sizes)
+        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled, compile_sampler=True)
+        run.pop("answers")
+        run.update(step_limits(model, run, flops, hbm), sampler="compiled")
+        sweep.append(run)
+        print(f"batch {batch}, compiled sampler: {run['new_tokens_per_s']:,.0f} new tokens/s "
+              f"({run['measured_step_ms']:.2f} ms/step)")
+    greedy_all = None
+    if args.greedy_all:
+        batch = max(batch_sizes)
+        once = [{"prompt_ids": p, "seed": 0} for p in ids]
+        greedy_all = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), once, greedy)
+        greedy_all.pop("answers")
+        greedy_all.update(step_limits(model, greedy_all, flops, hbm))
+        print(f"batch {batch}, greedy, every prompt once: {greedy_all['new_tokens_per_s']:,.0f} new tokens/s "
+              f"({greedy_all['measured_step_ms']:.2f} ms/step)")
+    if args.profile:
+        profile_steps(model, ids, sampled, max(batch_sizes), args.profile)
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
     # the device machine's copy of .git can be stale: the caller may name the commit it sent
     commit = os.environ.get("DRAFTSMITH_COMMIT") or subprocess.run(
@@ -199,7 +244,7 @@ def main():
               "samples_per_prompt": args.samples,
               "new_tokens": best["new_tokens"], "seconds": best["seconds"], "batch": best["batch"],
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-              "matmul_flops_per_s": flops, "hbm_bytes_per_s": hbm, "sweep": sweep,
+              "matmul_flops_per_s": flops, "hbm_bytes_per_s": hbm, "sweep": sweep, "greedy_every_prompt": greedy_all,
               "side_by_side": {"prompts": len(few), "greedy": True, "before": before, "after": after,
                                "identical_answers": same},
               "versions": package_versions(["torch", "transformers"])}
@@ -213,9 +258,16 @@ def main():
             f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | |"]
     for r in sweep:
         bound = f"{r['bytes_bound_tokens_per_s']:,.0f}" if "bytes_bound_tokens_per_s" in r else "n/a"
-        rows.append(f"| batched decoder (sampled, {args.samples} per prompt) | {r['batch']} | {r['prompts']} | "
+        sampler = ", compiled sampler" if r.get("sampler") == "compiled" else ""
+        rows.append(f"| batched decoder (sampled, {args.samples} per prompt{sampler}) | {r['batch']} | {r['prompts']} | "
                     f"{r['new_tokens']:,} | {r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | "
                     f"{r['measured_step_ms']:.2f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} |")
+    if greedy_all:
+        r = greedy_all
+        rows.append(f"| batched decoder (greedy, every prompt once) | {r['batch']} | {r['prompts']} | "
+                    f"{r['new_tokens']:,} | {r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | "
+                    f"{r['measured_step_ms']:.2f} | {r.get('bytes_bound_tokens_per_s', 0):,.0f} | "
+                    f"{r['compute_bound_tokens_per_s']:,.0f} |")
     head = (f"Regenerate throughput, SmolLM2-135M-Instruct, {result['dtype']}, {len(prompts)} distinct real prompts, max_new_tokens "
             f"{args.max_new_tokens}, on {device_name}; {result['date']}; commit {commit}. Side by side: "
             f"{after['new_tokens_per_s'] / before['new_tokens_per_s']:.1f}x, {same} of {len(few)} greedy answers "

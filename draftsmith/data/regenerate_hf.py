@@ -26,7 +26,7 @@ from draftsmith.target_model.spec import TargetSpec
 
 log = logging.getLogger(__name__)
 
-BATCH_DECODER = "draftsmith.decoding.batch v1"
+BATCH_DECODER = "draftsmith.decoding.batch v2"
 
 
 class SeededSampler(LogitsProcessor):
@@ -91,7 +91,8 @@ class HFBackend:
     def _generate_batched(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
         if self.decoder is None:
             on_gpu = next(self.model.parameters()).device.type == "cuda"
-            self.decoder = BatchDecoder(self.model, self.batch_size, sync_every=8 if on_gpu else 1)
+            self.decoder = BatchDecoder(self.model, self.batch_size, sync_every=8 if on_gpu else 1,
+                                        compile_sampler=on_gpu)
         sampling = Sampling(gen["temperature"], gen["top_p"], gen["top_k"])
         answers = self.decoder.generate([r["prompt_ids"] for r in requests], gen["max_new_tokens"], gen["stop_ids"],
                                         sampling, [r["seed"] for r in requests], progress)

@@ -121,20 +121,24 @@ def uniform_per_row(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return (_shift_right(z, 41).double() + 0.5) / float(1 << 23)  # 23 bits: never 0 or 1
 
 
-NUCLEUS_BISECTIONS = 32
+NUCLEUS_BISECTIONS = 24
 NUCLEUS_LOG_RANGE = 200.0  # tokens less likely than e^-200 times the top one carry no mass worth a bisection step
 
 
 def nucleus_threshold(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     """Per row [rows, 1], the log-probability t such that the tokens with log p >= t are the top-p nucleus of
     `logp` (log-probabilities, -inf for tokens cut already): the most likely tokens up to and including the one whose
-    mass first exceeds top_p of the row's total. Found by bisection on t in log space (`NUCLEUS_BISECTIONS` halvings
-    of `NUCLEUS_LOG_RANGE`, so tail probabilities are told apart too) rather than a sort of the vocabulary, which at
-    a large batch costs more than the model's step."""
+    mass first exceeds top_p of the row's total. Found by bisection on t in log space rather than a sort of the
+    vocabulary, which at a large batch costs more than the model's step. The bracket starts at the level below
+    which even all V tokens together hold less than (1 - top_p) of the mass (so the nucleus never reaches below it:
+    about 13 nats under the total for top_p 0.9 and 49k tokens), and `NUCLEUS_BISECTIONS` halvings narrow it to
+    ~1e-6 nats: tokens closer than that to the boundary token count as tied with it."""
     probs = logp.exp()
-    target = top_p * probs.sum(-1, keepdim=True)
+    total = probs.sum(-1, keepdim=True)
+    target = top_p * total
     high = logp.amax(-1, keepdim=True)
-    low = high - NUCLEUS_LOG_RANGE  # invariant: the mass of log p >= low exceeds the target
+    floor = (total * ((1.0 - top_p) / logp.shape[-1])).log()
+    low = torch.maximum(high - NUCLEUS_LOG_RANGE, floor)  # invariant: the mass of log p >= low exceeds the target
     for _ in range(NUCLEUS_BISECTIONS):
         middle = (low + high) / 2
         above = torch.where(logp >= middle, probs, 0.0).sum(-1, keepdim=True) > target
@@ -163,9 +167,12 @@ def choose_tokens(logits: torch.Tensor, sampling: Sampling, seeds: torch.Tensor,
 
 class BatchDecoder:
     """Decodes prompts `batch_size` at a time on `model` (a full-attention SDPA causal LM, already on its device),
-    refilling each row as its answer ends; `cuda_graphs` replays the decode step on CUDA."""
+    refilling each row as its answer ends; `cuda_graphs` replays the decode step on CUDA. `compile_sampler` hands
+    the decode step's token choice to torch.compile (fused kernels: each bisection step of the nucleus reads the
+    vocabulary once instead of three times); the first step compiles it, outside any graph capture."""
 
-    def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8):
+    def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
+                 compile_sampler: bool = False):
         if not full_attention_sdpa(model):
             raise ValueError("the batched decoder needs a full-attention SDPA model (no sliding windows)")
         if batch_size < 1:
@@ -178,6 +185,7 @@ class BatchDecoder:
             raise ValueError(f"CUDA graphs need a CUDA device (here {self.device.type})")
         self.sync_every = max(1, sync_every)
         self._keeps_logits = keeps_logits(model)
+        self._choose = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         # every config the attention layers read their implementation from (a multimodal model nests one)
         self._configs = list({id(m.config): m.config for m in model.modules()
                               if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
@@ -227,6 +235,16 @@ class BatchDecoder:
                 config._attn_implementation = implementation
         return out.logits[:, -1]
 
+    def _choose_step(self, logits: torch.Tensor) -> torch.Tensor:
+        try:
+            return self._choose(logits, self.sampling, self.seeds, self.lengths)
+        except Exception as err:  # a compiler that fails does so on the first (eager, uncaptured) step
+            if self._choose is choose_tokens:
+                raise
+            log.warning("torch.compile of the token choice failed (%s: %s); choosing eagerly", type(err).__name__, err)
+            self._choose = choose_tokens
+            return choose_tokens(logits, self.sampling, self.seeds, self.lengths)
+
     def _is_stop(self, tokens: torch.Tensor) -> torch.Tensor:
         return (tokens[:, None] == self.stops[None, :]).any(-1)
 
@@ -271,7 +289,7 @@ class BatchDecoder:
         self.cache.span = span
         logits = self._forward(self.tokens[:, None], mask.view(rows, 1, 1, span),
                                (self.slots - self.starts)[:, None], self.cache_position)
-        chosen = choose_tokens(logits, self.sampling, self.seeds, self.lengths)
+        chosen = self._choose_step(logits)
         active = ~self.finished
         at = self.lengths.clamp(max=self.max_new_tokens - 1)
         self.out[self.all_rows, at] = torch.where(active, chosen, self.out[self.all_rows, at])
