@@ -82,9 +82,9 @@ def matmul_rate(device, dtype, n: int = 8192) -> float:
     return 2 * n**3 / min(timed(lambda: a @ a)[1] for _ in range(6))
 
 
-def run_batched(backend, requests, gen, compile_sampler: bool = False) -> dict:
-    if compile_sampler:
-        backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=True)
+def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_every: int = 8) -> dict:
+    backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=compile_sampler,
+                                   sync_every=sync_every if backend.model.device.type == "cuda" else 1)
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
@@ -160,7 +160,11 @@ def main():
     ap.add_argument("--greedy-all", action="store_true",
                     help="also every prompt once, greedy, at the largest batch (the decode step without a sampler)")
     ap.add_argument("--compile-sampler", action="store_true",
-                    help="also the largest batch sampled with the token choice compiled (torch.compile)")
+                    help="also the largest batch sampled with the token choice compiled (torch.compile), at each "
+                         "of --sync-every")
+    ap.add_argument("--sync-every", default="8", help="decode steps between the host's looks, for the compiled runs")
+    ap.add_argument("--eager-sampler", default="yes", choices=["yes", "no"],
+                    help="the batch-size sweep with the eager token choice (no: only the compiled runs)")
     ap.add_argument("--profile", help="write a profile of eager decode steps at the largest batch to this file")
     ap.add_argument("--out-json", required=True)
     ap.add_argument("--table", required=True)
@@ -204,7 +208,7 @@ def main():
     requests = [{"prompt_ids": p, "seed": sample_seed(0, r["id"], s)} for r, p in zip(prompts, ids)
                 for s in range(args.samples)]
     sweep = []
-    for batch in batch_sizes:
+    for batch in batch_sizes if args.eager_sampler == "yes" else []:
         run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled)
         run.pop("answers")
         run.update(step_limits(model, run, flops, hbm))
@@ -213,14 +217,15 @@ def main():
               f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step)")
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    if args.compile_sampler:
+    for sync_every in [int(n) for n in args.sync_every.split(",")] if args.compile_sampler else []:
         batch = max(batch_sizes)
-        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled, compile_sampler=True)
+        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled, compile_sampler=True,
+                          sync_every=sync_every)
         run.pop("answers")
-        run.update(step_limits(model, run, flops, hbm), sampler="compiled")
+        run.update(step_limits(model, run, flops, hbm), sampler="compiled", sync_every=sync_every)
         sweep.append(run)
-        print(f"batch {batch}, compiled sampler: {run['new_tokens_per_s']:,.0f} new tokens/s "
-              f"({run['measured_step_ms']:.2f} ms/step)")
+        print(f"batch {batch}, compiled sampler, a look every {sync_every} steps: {run['new_tokens_per_s']:,.0f} new "
+              f"tokens/s ({run['measured_step_ms']:.2f} ms/step)")
     greedy_all = None
     if args.greedy_all:
         batch = max(batch_sizes)
@@ -258,7 +263,7 @@ def main():
             f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | |"]
     for r in sweep:
         bound = f"{r['bytes_bound_tokens_per_s']:,.0f}" if "bytes_bound_tokens_per_s" in r else "n/a"
-        sampler = ", compiled sampler" if r.get("sampler") == "compiled" else ""
+        sampler = f", compiled sampler, look every {r['sync_every']}" if r.get("sampler") == "compiled" else ""
         rows.append(f"| batched decoder (sampled, {args.samples} per prompt{sampler}) | {r['batch']} | {r['prompts']} | "
                     f"{r['new_tokens']:,} | {r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | "
                     f"{r['measured_step_ms']:.2f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} |")

@@ -4,10 +4,11 @@
 sequence: its prompt left-padded into the row's cache slots (`starts`: where the prompt begins), its own write
 slot, its own position ids (slot - start) and its own mask (slots start..slot). A decode step advances every row
 by one token on the device alone: the model's forward, the choice of the next token, the row's output buffer, its
-length and its stop check. So on CUDA the step is captured once as a CUDA graph and replayed, and the host only
-looks every `sync_every` steps: a row whose answer ended (a stop token or max_new_tokens) hands its answer back
-and takes the next prompt at once (a batched prefill of every free row), so early end-of-turn wastes no slot for
-longer than `sync_every` steps. The same code runs eagerly on a CPU, where the tests compare it with `generate`.
+length and its stop check. So on CUDA the step is captured once as a CUDA graph and replayed, `sync_every` steps to
+a window, and the host looks at each window's row state (copied asynchronously) while the device decodes the next
+one: a row whose answer ended (a stop token or max_new_tokens) hands its answer back and takes the next prompt in
+the window after (a batched prefill of every free row), so early end-of-turn idles a row for about two windows, and
+the device never waits for the host's bookkeeping or the prefill's kernel launches. The same code runs eagerly on a CPU, where the tests compare it with `generate`.
 
 Rows are independent: a row's tokens depend on its prompt (and for sampling its seed) alone, not on which prompts
 share the batch or when it was refilled. Sampling inverts each row's cumulative distribution (temperature, top-k and
@@ -165,6 +166,27 @@ def choose_tokens(logits: torch.Tensor, sampling: Sampling, seeds: torch.Tensor,
     return (cdf < u).sum(-1).clamp(max=logp.shape[-1] - 1)
 
 
+class Look:
+    """The decoder's row state (finished, lengths, output) as of the end of one window of decode steps, copied into
+    one of two host buffers; on CUDA the copy is asynchronous and `read` waits for it."""
+
+    def __init__(self, decoder: "BatchDecoder", window: int):
+        self.window = window
+        self.finished, self.lengths, self.out = decoder._host[window % 2]
+        cuda = decoder.device.type == "cuda"
+        for host, tensor in zip((self.finished, self.lengths, self.out), (decoder.finished, decoder.lengths, decoder.out)):
+            host.copy_(tensor, non_blocking=cuda)
+        self.event = torch.cuda.Event() if cuda else None
+        if self.event is not None:
+            self.event.record()
+
+    def read(self) -> tuple[list[int], list[int]]:
+        """The finished rows and every row's length."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.finished.nonzero().flatten().tolist(), self.lengths.tolist()
+
+
 class BatchDecoder:
     """Decodes prompts `batch_size` at a time on `model` (a full-attention SDPA causal LM, already on its device),
     refilling each row as its answer ends; `cuda_graphs` replays the decode step on CUDA. `compile_sampler` hands
@@ -221,6 +243,9 @@ class BatchDecoder:
         self.key_slots = torch.arange(length, device=device)
         self.cache_position = zeros(1)
         self.cache.decode_slots = self.slots
+        pinned = device.type == "cuda"
+        self._host = [tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
+                            for t in (self.finished, self.lengths, self.out)) for _ in range(2)]
 
     def _forward(self, input_ids, mask, position_ids, cache_position):
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
@@ -344,45 +369,48 @@ class BatchDecoder:
 
         queue = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))[::-1]  # pop() takes the longest
         owner = [-1] * self.batch_size
-        row_slot = [0] * self.batch_size  # the host's copy of `slots` (a busy row's next write)
+        filled_in = [-1] * self.batch_size  # the window whose prefill gave the row its current prompt
+        row_slot = [0] * self.batch_size  # the host's estimate of `slots` (a busy row's next write)
         answers: list[tuple[list[int], str] | None] = [None] * len(prompts)
         free = list(range(self.batch_size))
-        refill_at = max(1, self.batch_size // 16)
+        refill_at = max(1, self.batch_size // 64)
+        looks: list[Look] = []
+        window = 0
         while queue or len(free) < self.batch_size:
-            busy = self.batch_size - len(free)
-            if queue and free and (len(free) >= min(refill_at, len(queue)) or not busy):
+            if queue and free and (len(free) >= min(refill_at, len(queue)) or len(free) == self.batch_size):
                 take = [queue.pop() for _ in range(min(len(free), len(queue)))]
                 rows = [free.pop() for _ in take]
-                for row, i in zip(rows, take):
-                    owner[row] = i
                 width = max(len(prompts[i]) for i in take)
-                for row in rows:
-                    row_slot[row] = width
+                for row, i in zip(rows, take):
+                    owner[row], filled_in[row], row_slot[row] = i, window, width
                 self._prefill(rows, [prompts[i] for i in take], [seeds[i] for i in take])
-            if len(free) < self.batch_size:
-                # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
-                needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
-                span = min(self.length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE)
-                taken = self._steps(self.sync_every, span)
-                for row in range(self.batch_size):
-                    if owner[row] >= 0:
-                        row_slot[row] = min(row_slot[row] + taken, self.length - 1)
-            finished = self.finished.tolist()  # the host's one look per sync_every steps
-            done = [row for row in range(self.batch_size) if finished[row] and owner[row] >= 0]
-            if not done:
-                continue
-            done_rows = torch.tensor(done, device=self.device)
-            outs, lengths = self.out[done_rows].tolist(), self.lengths[done_rows].tolist()
-            self.slots[done_rows] = 0  # a free row attends from slot 0 (never an empty mask)
-            self.starts[done_rows] = 0
-            for row, out, n in zip(done, outs, lengths):
-                tokens = out[:n]
-                if tokens and tokens[-1] in stop_set:
-                    answers[owner[row]] = (tokens[:-1], "stop")
-                else:
-                    answers[owner[row]] = (tokens, "length")
-                owner[row] = -1
-                free.append(row)
-            if progress is not None:
-                progress(len(done))
+            # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
+            needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
+            taken = self._steps(self.sync_every, min(self.length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE))
+            for row in range(self.batch_size):
+                if owner[row] >= 0:
+                    row_slot[row] = min(row_slot[row] + taken, self.length - 1)
+            looks.append(Look(self, window))
+            window += 1
+            # the host reads the window before this one while the device decodes this one (on CUDA the copies
+            # are asynchronous), unless nothing else is left to wait for
+            if len(looks) > 1 or (not queue and len(looks) == 1):
+                look = looks.pop(0)
+                finished, lengths = look.read()
+                done = [row for row in finished if owner[row] >= 0 and filled_in[row] <= look.window]
+                if not done:
+                    continue
+                done_rows = torch.tensor(done, device=self.device)
+                self.slots[done_rows] = 0  # a free row attends from slot 0 (never an empty mask)
+                self.starts[done_rows] = 0
+                for row in done:
+                    tokens = look.out[row, : lengths[row]].tolist()
+                    if tokens and tokens[-1] in stop_set:
+                        answers[owner[row]] = (tokens[:-1], "stop")
+                    else:
+                        answers[owner[row]] = (tokens, "length")
+                    owner[row] = -1
+                    free.append(row)
+                if progress is not None:
+                    progress(len(done))
         return answers
