@@ -103,6 +103,32 @@ def test_sampled_rows_depend_on_prompt_and_seed_only(tiny):
     assert one != greedy
 
 
+def test_the_compiled_token_choice_draws_what_the_eager_one_draws(tiny):
+    """compile_sampler (regenerate's default on CUDA) runs torch.compile's kernels here on the CPU: the same draws."""
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS[:6])
+    sampling, seeds = Sampling(temperature=0.8, top_p=0.9, top_k=40), list(range(6))
+    compiled = BatchDecoder(model, 4, compile_sampler=True)
+    assert compiled.generate(prompts, 16, stops, sampling, seeds) == \
+        BatchDecoder(model, 4).generate(prompts, 16, stops, sampling, seeds)
+    assert compiled._choose is not choose_tokens  # compiled, not fallen back to the eager function
+
+
+def test_a_token_choice_that_fails_to_compile_falls_back_to_the_eager_one(tiny, caplog):
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS[:4])
+    sampling, seeds = Sampling(temperature=0.8, top_p=0.9), list(range(4))
+    decoder = BatchDecoder(model, 4, compile_sampler=True)
+
+    def broken_compiler_output(*args):  # stands in for a torch.compile that raises on its first call
+        raise RuntimeError("no C++ compiler")
+
+    decoder._choose = broken_compiler_output
+    assert decoder.generate(prompts, 12, stops, sampling, seeds) == \
+        BatchDecoder(model, 4).generate(prompts, 12, stops, sampling, seeds)
+    assert decoder._choose is choose_tokens and "torch.compile of the token choice failed" in caplog.text
+
+
 @pytest.mark.parametrize("sampling", [Sampling(temperature=0.7, top_k=1), Sampling(temperature=0.7, top_p=1e-6)])
 def test_sampling_cut_to_the_most_likely_token_is_greedy(tiny, sampling):
     model, tokenizer, stops = tiny
@@ -122,12 +148,14 @@ def test_the_per_row_uniforms_are_uniform_and_differ_by_seed_and_step():
     assert torch.equal(u, uniform_per_row(seeds, steps))
 
 
-@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.9999])
 def test_the_bisected_nucleus_is_the_sorted_one(top_p):
     """The tokens kept are those the sort-based definition keeps: the most likely, up to and including the one whose
-    cumulative mass first exceeds top_p (random peaked and flat rows)."""
+    cumulative mass first exceeds top_p (random peaked and flat rows, and rows a top-k cut left 50 tokens of)."""
     g = torch.Generator().manual_seed(0)
     logits = torch.cat([torch.randn(64, 5000, generator=g) * 4, torch.randn(64, 5000, generator=g) * 0.1])
+    cut = torch.randn(32, 5000, generator=g) * 2
+    logits = torch.cat([logits, cut.masked_fill(cut < cut.topk(50).values[:, -1:], float("-inf"))])
     probs = logits.double().softmax(-1)  # float64: the two sums then agree at the boundary token
     kept = probs.log() >= nucleus_threshold(probs.log(), top_p)
     ordered, order = probs.sort(-1, descending=True)
