@@ -82,9 +82,11 @@ def matmul_rate(device, dtype, n: int = 8192) -> float:
     return 2 * n**3 / min(timed(lambda: a @ a)[1] for _ in range(6))
 
 
-def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_every: int = 8) -> dict:
+def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_every: int = 8,
+                compile_layers: bool = False) -> dict:
     backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=compile_sampler,
-                                   sync_every=sync_every if backend.model.device.type == "cuda" else 1)
+                                   sync_every=sync_every if backend.model.device.type == "cuda" else 1,
+                                   compile_layers=compile_layers)
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
@@ -163,6 +165,9 @@ def main():
                     help="also the largest batch sampled with the token choice compiled (torch.compile), at each "
                          "of --sync-every")
     ap.add_argument("--sync-every", default="8", help="decode steps between the host's looks, for the compiled runs")
+    ap.add_argument("--compile-layers", action="store_true",
+                    help="last, the compiled-sampler run at the first --sync-every with the model's RMSNorm and MLP "
+                         "modules compiled too (in place: it comes after every other run)")
     ap.add_argument("--eager-sampler", default="yes", choices=["yes", "no"],
                     help="the batch-size sweep with the eager token choice (no: only the compiled runs)")
     ap.add_argument("--profile", help="write a profile of eager decode steps at the largest batch to this file")
@@ -237,6 +242,16 @@ def main():
               f"({greedy_all['measured_step_ms']:.2f} ms/step)")
     if args.profile:
         profile_steps(model, ids, sampled, max(batch_sizes), args.profile)
+    if args.compile_layers:
+        batch, sync_every = max(batch_sizes), int(args.sync_every.split(",")[0])
+        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled, compile_sampler=True,
+                          sync_every=sync_every, compile_layers=True)
+        run.pop("answers")
+        run.update(step_limits(model, run, flops, hbm), sampler="compiled", sync_every=sync_every,
+                   layers="compiled")
+        sweep.append(run)
+        print(f"batch {batch}, compiled sampler and layers: {run['new_tokens_per_s']:,.0f} new tokens/s "
+              f"({run['measured_step_ms']:.2f} ms/step)")
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
     # the device machine's copy of .git can be stale: the caller may name the commit it sent
     commit = os.environ.get("DRAFTSMITH_COMMIT") or subprocess.run(
@@ -264,6 +279,7 @@ def main():
     for r in sweep:
         bound = f"{r['bytes_bound_tokens_per_s']:,.0f}" if "bytes_bound_tokens_per_s" in r else "n/a"
         sampler = f", compiled sampler, look every {r['sync_every']}" if r.get("sampler") == "compiled" else ""
+        sampler += ", compiled RMSNorm and MLP" if r.get("layers") == "compiled" else ""
         rows.append(f"| batched decoder (sampled, {args.samples} per prompt{sampler}) | {r['batch']} | {r['prompts']} | "
                     f"{r['new_tokens']:,} | {r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | "
                     f"{r['measured_step_ms']:.2f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} |")

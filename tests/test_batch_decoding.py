@@ -114,6 +114,17 @@ def test_the_compiled_token_choice_draws_what_the_eager_one_draws(tiny):
     assert compiled._choose is not choose_tokens  # compiled, not fallen back to the eager function
 
 
+def test_compiled_layers_give_the_eager_greedy_answers(tiny_target, tiny):
+    """compile_layers compiles the model's RMSNorm and MLP modules in place (a model of its own here)."""
+    _, tokenizer, stops = tiny
+    model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
+    prompts = rendered(tokenizer, QUESTIONS[:6])
+    want = BatchDecoder(model, 4).generate(prompts, 16, stops)
+    assert BatchDecoder(model, 4, compile_layers=True).generate(prompts, 16, stops) == want
+    compiled = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+    assert compiled and all(m._compiled_call_impl is not None for m in compiled)
+
+
 def test_a_token_choice_that_fails_to_compile_falls_back_to_the_eager_one(tiny, caplog):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS[:4])

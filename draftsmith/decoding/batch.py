@@ -191,10 +191,12 @@ class BatchDecoder:
     """Decodes prompts `batch_size` at a time on `model` (a full-attention SDPA causal LM, already on its device),
     refilling each row as its answer ends; `cuda_graphs` replays the decode step on CUDA. `compile_sampler` hands
     the decode step's token choice to torch.compile (fused kernels: each bisection step of the nucleus reads the
-    vocabulary once instead of three times); the first step compiles it, outside any graph capture."""
+    vocabulary once instead of three times); the first step compiles it, outside any graph capture.
+    `compile_layers` compiles the model's RMSNorm and MLP modules in place (their elementwise kernels fused; their
+    shapes do not change with the attention span, so the decode steps' graphs share one compiled version)."""
 
     def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
-                 compile_sampler: bool = False):
+                 compile_sampler: bool = False, compile_layers: bool = False):
         if not full_attention_sdpa(model):
             raise ValueError("the batched decoder needs a full-attention SDPA model (no sliding windows)")
         if batch_size < 1:
@@ -208,6 +210,10 @@ class BatchDecoder:
         self.sync_every = max(1, sync_every)
         self._keeps_logits = keeps_logits(model)
         self._choose = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
+        if compile_layers:
+            for module in model.modules():
+                if type(module).__name__.endswith(("RMSNorm", "MLP")):
+                    module.compile()
         # every config the attention layers read their implementation from (a multimodal model nests one)
         self._configs = list({id(m.config): m.config for m in model.modules()
                               if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
