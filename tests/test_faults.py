@@ -210,7 +210,7 @@ def test_skipped_records_reach_the_console_and_their_counts_outlive_a_failed_job
     assert "prepare_dataset broken: 3 of 3 records skipped (no_assistant_turn: 3), 0 kept" in proc.stdout
 
 
-def test_truncated_manifest_fails_naming_the_file_and_the_command_that_rebuilds_the_shard(training_inputs, tiny_target,
+def test_truncated_manifest_fails_naming_the_file_and_the_command_that_rebuilds_the_shard(training_inputs, tiny_target,  # noqa: F811 - the fixture imported above
                                                                                           tmp_path):
     """A manifest cut mid-file (not by draftsmith, which writes it atomically: by a copy, a full disk elsewhere):
     every reader names the file, says it is truncated, and gives the command that really rebuilds the shard."""
@@ -278,7 +278,7 @@ def files_sha256(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): sha256_file(p) for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def test_disk_full_while_saving_a_checkpoint_names_the_path_and_keeps_the_last_checkpoint(training_inputs, tiny_target,
+def test_disk_full_while_saving_a_checkpoint_names_the_path_and_keeps_the_last_checkpoint(training_inputs, tiny_target,  # noqa: F811 - the fixture imported above
                                                                                           tmp_path):
     """The training state on a small tmpfs with room for half a checkpoint: torch.save's own error says only
     "enforce fail at inline_container.cc"; the job's error must say "No space left on device" with the path."""

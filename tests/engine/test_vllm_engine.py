@@ -29,11 +29,11 @@ from draftsmith.data.tokenization import read_samples  # noqa: E402
 from draftsmith.extraction.driver import extract_shard  # noqa: E402
 from draftsmith.extraction.hf_backend import HFHiddenStateExtractor  # noqa: E402
 from draftsmith.extraction.shards import ShardError, validate_shard  # noqa: E402
-from draftsmith.extraction.vllm_backend import (
+from draftsmith.extraction.vllm_backend import (  # noqa: E402
     CaptureError,
     FixedVllmHiddenStatesGenerator,
     VllmBackend,
-    build_vllm_config,  # noqa: E402
+    build_vllm_config,
 )
 from draftsmith.io import sha256_file  # noqa: E402
 from draftsmith.provenance import model_fingerprint  # noqa: E402
