@@ -8,7 +8,10 @@ template, every answer ending at end-of-turn or max_new_tokens. In one process:
    cache, left-padded batches of `--before-batch`) and the batched decoder (`--batch-sizes`, largest);
 2. the batched decoder on every prompt, `--samples` sampled answers each (regenerate's `samples_per_prompt`), at
    each of `--batch-sizes`: new tokens/s, decode steps, and the step's limits beside it (bytes read per step over
-   HBM bandwidth, matmul FLOPs over the measured rate).
+   HBM bandwidth at the mean attention span the steps used, matmul FLOPs over the measured rate, and the launch
+   floor: a one-row step's time, measured); optionally the compiled token choice (`--compile-sampler`, at each of
+   `--sync-every`), the model's RMSNorm/MLP compiled too (`--compile-layers`), greedy on every prompt once
+   (`--greedy-all`) and a profile of eager steps (`--profile`).
 
 Each timed run follows a warm-up run of the same shapes (CUDA-graph capture, kernel selection), not timed.
 
@@ -90,12 +93,14 @@ def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_ever
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
-    steps0, prefill0 = decoder.decode_steps, decoder.prefill_tokens
+    steps0, prefill0, spans0 = decoder.decode_steps, decoder.prefill_tokens, decoder.span_steps.copy()
     answers, seconds = timed(lambda: backend.generate(requests, gen))
+    spans = decoder.span_steps - spans0
     new = sum(len(a["token_ids"]) + (a["finish_reason"] == "stop") for a in answers)
     return {"batch": backend.batch_size, "prompts": len(requests), "new_tokens": new, "seconds": seconds,
             "new_tokens_per_s": new / seconds, "decode_steps": decoder.decode_steps - steps0,
             "prefill_tokens": decoder.prefill_tokens - prefill0, "cache_length": decoder.length,
+            "mean_span": sum(span * n for span, n in spans.items()) / max(1, sum(spans.values())),
             "cut_at_limit": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
             "answers": answers}
 
@@ -126,19 +131,31 @@ def run_generate(backend, requests, gen) -> dict:
             "new_tokens_per_s": new / seconds, "answers": answers}
 
 
-def step_limits(model, run: dict, flops_per_s: float, hbm: float | None) -> dict:
-    """Per decode step: bytes the step must read (weights once, every row's whole static KV cache) and matmul
-    FLOPs, and the tokens/s each allows at `batch` rows; beside the measured time per step."""
+def launch_floor_ms(model, prompt: list[int], steps: int = 128) -> float:
+    """ms per decode step of one row (greedy, CUDA graphs where the device has them): with next to nothing to read
+    or compute, what a step costs is its kernels' fixed cost, the floor under a step at any batch."""
+    decoder = BatchDecoder(model, 1)
+    decoder.generate([prompt], steps, [])  # capture
+    steps0 = decoder.decode_steps
+    _, seconds = timed(lambda: decoder.generate([prompt], steps, []))
+    return 1e3 * seconds / (decoder.decode_steps - steps0)
+
+
+def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_ms: float) -> dict:
+    """Per decode step: bytes the step must read (weights once, every row's KV cache over the mean attention span
+    the run's steps used) and matmul FLOPs, and the tokens/s each allows at `batch` rows (a step of `batch` tokens);
+    likewise the launch floor; beside the measured time per step."""
     config = text_config(model.config)
     params = sum(p.numel() for p in model.parameters())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_bytes = run["batch"] * run["cache_length"] * config.num_hidden_layers * 2 * config.num_key_value_heads \
+    kv_bytes = run["batch"] * run["mean_span"] * config.num_hidden_layers * 2 * config.num_key_value_heads \
         * head_dim * 2
     step_bytes = params * 2 + kv_bytes
     step_flops = 2 * params * run["batch"]
     out = {"step_bytes": step_bytes, "step_flops": step_flops,
            "measured_step_ms": 1e3 * run["seconds"] / max(1, run["decode_steps"]),
-           "compute_bound_tokens_per_s": run["batch"] * flops_per_s / step_flops}
+           "compute_bound_tokens_per_s": run["batch"] * flops_per_s / step_flops,
+           "launch_floor_ms": floor_ms, "launch_bound_tokens_per_s": run["batch"] * 1e3 / floor_ms}
     if hbm:
         out["bytes_bound_tokens_per_s"] = run["batch"] * hbm / step_bytes
     return out
@@ -212,46 +229,35 @@ def main():
     # 2. every prompt, sampled, each batch size
     requests = [{"prompt_ids": p, "seed": sample_seed(0, r["id"], s)} for r, p in zip(prompts, ids)
                 for s in range(args.samples)]
-    sweep = []
-    for batch in batch_sizes if args.eager_sampler == "yes" else []:
-        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled)
+    floor_ms = launch_floor_ms(model, ids[0])
+    print(f"launch floor: {floor_ms:.2f} ms per step (one row)")
+
+    def measure(label: str, requests: list[dict], gen: dict, batch: int, **decoder_options) -> dict:
+        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, gen, **decoder_options)
         run.pop("answers")
-        run.update(step_limits(model, run, flops, hbm))
-        sweep.append(run)
-        print(f"batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
-              f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step)")
+        run.update(step_limits(model, run, flops, hbm, floor_ms), path=label, **decoder_options)
+        print(f"{label}, batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
+              f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, mean span {run['mean_span']:.0f})")
         if args.device == "cuda":
             torch.cuda.empty_cache()
+        return run
+
+    largest = max(batch_sizes)
+    label = f"sampled, {args.samples} per prompt"
+    sweep = [measure(label, requests, sampled, batch) for batch in batch_sizes if args.eager_sampler == "yes"]
     for sync_every in [int(n) for n in args.sync_every.split(",")] if args.compile_sampler else []:
-        batch = max(batch_sizes)
-        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled, compile_sampler=True,
-                          sync_every=sync_every)
-        run.pop("answers")
-        run.update(step_limits(model, run, flops, hbm), sampler="compiled", sync_every=sync_every)
-        sweep.append(run)
-        print(f"batch {batch}, compiled sampler, a look every {sync_every} steps: {run['new_tokens_per_s']:,.0f} new "
-              f"tokens/s ({run['measured_step_ms']:.2f} ms/step)")
+        sweep.append(measure(f"{label}, compiled sampler, a look every {sync_every} steps", requests, sampled,
+                             largest, compile_sampler=True, sync_every=sync_every))
     greedy_all = None
     if args.greedy_all:
-        batch = max(batch_sizes)
         once = [{"prompt_ids": p, "seed": 0} for p in ids]
-        greedy_all = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), once, greedy)
-        greedy_all.pop("answers")
-        greedy_all.update(step_limits(model, greedy_all, flops, hbm))
-        print(f"batch {batch}, greedy, every prompt once: {greedy_all['new_tokens_per_s']:,.0f} new tokens/s "
-              f"({greedy_all['measured_step_ms']:.2f} ms/step)")
+        greedy_all = measure("greedy, every prompt once", once, greedy, largest)
     if args.profile:
-        profile_steps(model, ids, sampled, max(batch_sizes), args.profile)
-    if args.compile_layers:
-        batch, sync_every = max(batch_sizes), int(args.sync_every.split(",")[0])
-        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, sampled, compile_sampler=True,
-                          sync_every=sync_every, compile_layers=True)
-        run.pop("answers")
-        run.update(step_limits(model, run, flops, hbm), sampler="compiled", sync_every=sync_every,
-                   layers="compiled")
-        sweep.append(run)
-        print(f"batch {batch}, compiled sampler and layers: {run['new_tokens_per_s']:,.0f} new tokens/s "
-              f"({run['measured_step_ms']:.2f} ms/step)")
+        profile_steps(model, ids, sampled, largest, args.profile)
+    if args.compile_layers:  # last: it compiles the model's modules in place
+        sync_every = int(args.sync_every.split(",")[0])
+        sweep.append(measure(f"{label}, compiled sampler and RMSNorm/MLP, a look every {sync_every} steps", requests,
+                             sampled, largest, compile_sampler=True, sync_every=sync_every, compile_layers=True))
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
     # the device machine's copy of .git can be stale: the caller may name the commit it sent
     commit = os.environ.get("DRAFTSMITH_COMMIT") or subprocess.run(
@@ -264,31 +270,25 @@ def main():
               "samples_per_prompt": args.samples,
               "new_tokens": best["new_tokens"], "seconds": best["seconds"], "batch": best["batch"],
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-              "matmul_flops_per_s": flops, "hbm_bytes_per_s": hbm, "sweep": sweep, "greedy_every_prompt": greedy_all,
+              "matmul_flops_per_s": flops, "hbm_bytes_per_s": hbm, "launch_floor_ms": floor_ms, "sweep": sweep, "greedy_every_prompt": greedy_all,
               "side_by_side": {"prompts": len(few), "greedy": True, "before": before, "after": after,
                                "identical_answers": same},
               "versions": package_versions(["torch", "transformers"])}
     write_json(args.out_json, result)
-    rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | bytes bound tokens/s | "
-            "compute bound tokens/s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | mean span | bytes bound "
+            "tokens/s | compute bound tokens/s | launch bound tokens/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             f"| before: transformers generate, dynamic cache (greedy, side by side) | {before['batch']} | "
             f"{before['prompts']} | {before['new_tokens']:,} | {before['seconds']:.1f} | "
-            f"{before['new_tokens_per_s']:,.0f} | | | |",
+            f"{before['new_tokens_per_s']:,.0f} | | | | | |",
             f"| batched decoder (greedy, side by side) | {after['batch']} | {after['prompts']} | "
-            f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | |"]
-    for r in sweep:
+            f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | | | |"]
+    for r in sweep + ([greedy_all] if greedy_all else []):
         bound = f"{r['bytes_bound_tokens_per_s']:,.0f}" if "bytes_bound_tokens_per_s" in r else "n/a"
-        sampler = f", compiled sampler, look every {r['sync_every']}" if r.get("sampler") == "compiled" else ""
-        sampler += ", compiled RMSNorm and MLP" if r.get("layers") == "compiled" else ""
-        rows.append(f"| batched decoder (sampled, {args.samples} per prompt{sampler}) | {r['batch']} | {r['prompts']} | "
-                    f"{r['new_tokens']:,} | {r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | "
-                    f"{r['measured_step_ms']:.2f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} |")
-    if greedy_all:
-        r = greedy_all
-        rows.append(f"| batched decoder (greedy, every prompt once) | {r['batch']} | {r['prompts']} | "
-                    f"{r['new_tokens']:,} | {r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | "
-                    f"{r['measured_step_ms']:.2f} | {r.get('bytes_bound_tokens_per_s', 0):,.0f} | "
-                    f"{r['compute_bound_tokens_per_s']:,.0f} |")
+        rows.append(f"| batched decoder ({r['path']}) | {r['batch']} | {r['prompts']} | {r['new_tokens']:,} | "
+                    f"{r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | {r['measured_step_ms']:.2f} | "
+                    f"{r['mean_span']:.0f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} | "
+                    f"{r['launch_bound_tokens_per_s']:,.0f} |")
     head = (f"Regenerate throughput, SmolLM2-135M-Instruct, {result['dtype']}, {len(prompts)} distinct real prompts, max_new_tokens "
             f"{args.max_new_tokens}, on {device_name}; {result['date']}; commit {commit}. Side by side: "
             f"{after['new_tokens_per_s'] / before['new_tokens_per_s']:.1f}x, {same} of {len(few)} greedy answers "
