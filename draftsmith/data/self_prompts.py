@@ -48,6 +48,7 @@ import hashlib
 import logging
 import math
 import shutil
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -322,6 +323,7 @@ def _self_prompts(target: TargetSpec, out_jsonl: Path, backend, checks: PromptFi
     max_candidates = math.ceil(num_prompts * factor)
     prompts: list[dict] = []
     sampled = beyond = chunks = reused = new_tokens = 0
+    generate_seconds = 0.0
     bar = tqdm(total=num_prompts, desc="self_prompts", unit="prompt") if tqdm else None
     try:
         while len(prompts) < num_prompts and sampled < max_candidates:
@@ -339,7 +341,9 @@ def _self_prompts(target: TargetSpec, out_jsonl: Path, backend, checks: PromptFi
             else:
                 requests = [{"prompt_ids": prefix_ids, "seed": candidate_seed(params["seed"], params["name"], i)}
                             for i in indices]
+                started = time.perf_counter()
                 answers = backend.generate(requests, gen, None)
+                generate_seconds += time.perf_counter() - started
                 if len(answers) != len(requests):
                     raise RuntimeError(f"the {backend.name} backend returned {len(answers)} answers for "
                                        f"{len(requests)} requests")
@@ -388,6 +392,9 @@ def _self_prompts(target: TargetSpec, out_jsonl: Path, backend, checks: PromptFi
     shutil.rmtree(chunk_dir)
     log.info("self_prompts: %d prompts from %d candidates (dropped: %s; %d sampled beyond num_prompts) -> %s",
              len(prompts), sampled, _describe(dropped), beyond, out_jsonl)
+    if generate_seconds and not reused:  # the rate goes to the log, not the stats: an output is the same on a rebuild
+        log.info("self_prompts: %.1f s in the backend (with the model's load): %.0f accepted prompts per minute",
+                 generate_seconds, 60 * len(prompts) / generate_seconds)
     return stats
 
 
