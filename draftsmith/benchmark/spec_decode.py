@@ -198,27 +198,29 @@ class TargetModel:
         self.length += q
         return out
 
-    def _outputs(self, out, keep: int, with_aux: bool):
-        self._capturing = False
-        logits = out.logits[0, -keep:]
+    def call(self, keep: int, with_aux: bool, **model_kwargs):
+        """The model's forward (`model_kwargs`: inputs, mask, cache) keeping the last `keep` positions' logits
+        ([B, keep, V]) and, with `with_aux`, the auxiliary layers' inputs ([B, q, 3H]; else None). The batched
+        loops (draftsmith.benchmark.batch_spec) call it too, for the same hooks."""
+        self._captured.clear()
+        self._capturing = with_aux
+        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
+        try:
+            out = self.model(**model_kwargs, use_cache=True, **extra)
+        finally:
+            self._capturing = False
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if with_aux else None
-        return logits, aux
+        return out.logits[:, -keep:], aux
 
     def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
-        self._captured.clear()
-        self._capturing = with_aux
         positions, mask = positions_and_mask(self._length, input_ids.shape[1], self.cache.max_length)
-        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
-                         cache_position=positions, past_key_values=self.cache, use_cache=True, **extra)
-        return self._outputs(out, keep, with_aux)
+        logits, aux = self.call(keep, with_aux, input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
+                                cache_position=positions, past_key_values=self.cache)
+        return logits[0], aux
 
     def _step_dynamic(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
-        self._captured.clear()
-        self._capturing = with_aux
-        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **extra)
-        return self._outputs(out, keep, with_aux)
+        logits, aux = self.call(keep, with_aux, input_ids=input_ids, past_key_values=self.cache)
+        return logits[0], aux
 
 
 @torch.inference_mode()
@@ -361,12 +363,20 @@ def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, f
         mask = causal_mask(0, n, hidden.device) if n > 1 else None
     else:
         slots, mask = positions_and_mask(first_slot, n, cache.max_length)
-    position_ids = (slots + 1).unsqueeze(0)
+    return draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
+
+
+def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                 cache_position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+    """The draft's decoder layers on `cat(embed(token_ids), hidden)` ([B, n], [B, n, H]) at `position_ids` ([B, n]),
+    the caller's `mask` and cache (`cache_position`: where a StaticKV writes). Returns the last layer's output
+    before `norm` ([B, n, H])."""
     states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
     position_embeddings = draft.rotary_emb(states, position_ids)
     for layer in draft.layers:
         states = layer(states, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                       use_cache=cache is not None, cache_position=slots, position_embeddings=position_embeddings)
+                       use_cache=cache is not None, cache_position=cache_position,
+                       position_embeddings=position_embeddings)
     return states
 
 
