@@ -104,7 +104,8 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 10, "temperature": 0.0,
            "batch_size": None, "batch_sizes": [1, 2], "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32",
-           "seed": 0, "cuda_graphs": "auto", "repeats": 1, "methods": ["target_greedy", "prompt_lookup", "eagle3_draft"]}
+           "seed": 0, "cuda_graphs": "auto", "repeats": 2,
+           "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     assert batch_size_problems(cfg) == []
     assert batch_size_problems({**cfg, "batch_sizes": [2, 1]}) != []  # still ascending only
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
@@ -113,7 +114,7 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
                                     out / "per_prompt.csv", out / "summary.json", "default")
     assert summary == json.loads((out / "summary.json").read_text()) and summary["batch_sizes"] == [1, 2]
     rows = pd.read_csv(out / "per_prompt.csv")
-    assert sorted(rows.groupby("batch_size").size().items()) == [(1, 9), (2, 9)]
+    assert sorted(rows.groupby("batch_size").size().items()) == [(1, 12), (2, 12)]  # 3 prompts, 4 methods
     for method, entry in summary["methods"].items():
         assert set(entry["per_batch_size"]) == {"1", "2"}
         for size, figures in entry["per_batch_size"].items():
