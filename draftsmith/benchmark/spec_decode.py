@@ -8,7 +8,8 @@ Speculative round (batch size 1, temperature 0): the proposer drafts up to k tok
 target runs once over [last token, drafts] with its KV cache; drafts are accepted while they
 equal the target's argmax, and the target's own token at the first mismatch (or after the
 last draft) is appended as the bonus token. Every emitted token is the target's argmax, so
-the output equals target-only greedy decoding up to floating-point ties.
+the output equals target-only greedy decoding up to floating-point ties. The same rounds for several prompts
+decoded together are draftsmith.benchmark.batch_spec.
 
 EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`):
 draft position t reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and
