@@ -133,6 +133,15 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     for (method, pid), g in rows.groupby(["method", "prompt_id"]):
         assert keyed.loc[(method, pid, 1), "new_tokens"] == keyed.loc[(method, pid, 2), "new_tokens"]
         assert keyed.loc[(method, pid, 1), "accepted_tokens"] == keyed.loc[(method, pid, 2), "accepted_tokens"]
+    # one size above 1 (batch_size 2 alone): no batch-1 run at all, the same tokens
+    two = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                                {**cfg, "batch_sizes": None, "batch_size": 2, "repeats": 1}, out / "two.csv",
+                                out / "two.json", "default")
+    assert two["batch_sizes"] == [2] and set(pd.read_csv(out / "two.csv")["batch_size"]) == {2}
+    for method, entry in two["methods"].items():
+        assert list(entry["per_batch_size"]) == ["2"]
+        assert entry["acceptance_length"] == summary["methods"][method]["per_batch_size"]["2"]["acceptance_length"]
+        assert method == "target_greedy" or entry["lossless"] is True
     with pytest.raises(ValueError, match="batch_sizes"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "batch_sizes": [0, 2]}, out / "x.csv", out / "x.json", "default")

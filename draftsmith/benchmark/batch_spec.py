@@ -16,6 +16,8 @@ row's rejected slots are not cleared: the row's next round writes over them, and
 attends to them (a mask reaches only up to the query's own slot). Drafts padded beyond a row's own proposal are
 never accepted.
 
+The target's attention is the batched decoder's `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated).
+
 Finished rows (a stop token or max_new_tokens) stay in the batch until every row is done: they add no tokens and no
 counts to their trace, and their write slot stops advancing (each round recomputes the same slots, never read by
 a live row). The batch does not shrink. Decoding is eager: no CUDA graphs for the batched path.
@@ -46,7 +48,7 @@ from draftsmith.benchmark.spec_decode import (
     synchronize,
     use_sdpa,
 )
-from draftsmith.decoding.batch import BatchKV, row_mask
+from draftsmith.decoding.batch import BatchKV, attention_configs, grouped_attention, row_mask
 
 
 def left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +69,7 @@ class BatchTarget:
             raise ValueError("batched decoding needs a full-attention SDPA target (its masks are built here)")
         self.target = target
         self.device = target.device
+        self._attention = attention_configs(target.model)
 
     def start(self, prompts: list[list[int]], capacity: int, with_aux: bool = False):
         """New rows: run the left-padded prompts; each row's cache holds the prompts' width plus `capacity` slots.
@@ -90,10 +93,11 @@ class BatchTarget:
                              "asked for")
         self.cache.write_slots = slots
         try:
-            return self.target.call(keep or q, with_aux, input_ids=input_ids,
-                                    attention_mask=row_mask(slots, self.starts, self.cache.length),
-                                    position_ids=(slots - self.starts[:, None]).clamp(min=0),
-                                    cache_position=slots[0], past_key_values=self.cache)
+            with grouped_attention(self._attention):  # the regenerate decoder's attention: KV heads not repeated
+                return self.target.call(keep or q, with_aux, input_ids=input_ids,
+                                        attention_mask=row_mask(slots, self.starts, self.cache.length),
+                                        position_ids=(slots - self.starts[:, None]).clamp(min=0),
+                                        cache_position=slots[0], past_key_values=self.cache)
         finally:
             self.cache.write_slots = None
 

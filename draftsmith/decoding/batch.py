@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,25 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
 
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+
+
+def attention_configs(model) -> list:
+    """Every config the model's attention layers read their implementation from (a multimodal model nests one)."""
+    return list({id(m.config): m.config for m in model.modules()
+                 if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
+
+
+@contextmanager
+def grouped_attention(configs: list):
+    """`grouped_sdpa` as the attention of `configs` (attention_configs) within the block, their own after it."""
+    implementations = [c._attn_implementation for c in configs]
+    for config in configs:
+        config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        for config, implementation in zip(configs, implementations):
+            config._attn_implementation = implementation
 
 
 def row_mask(query_slots: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
@@ -225,9 +245,7 @@ class BatchDecoder:
         self.sync_every = max(1, sync_every)
         self._keeps_logits = keeps_logits(model)
         self._choose = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
-        # every config the attention layers read their implementation from (a multimodal model nests one)
-        self._configs = list({id(m.config): m.config for m in model.modules()
-                              if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
+        self._configs = attention_configs(model)
         self._shape = None  # (cache length, max_new_tokens, sampling, stops) of the state below
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by attention span
         self._pool = None
@@ -266,15 +284,9 @@ class BatchDecoder:
 
     def _forward(self, input_ids, mask, position_ids, cache_position):
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        implementations = [c._attn_implementation for c in self._configs]
-        for config in self._configs:
-            config._attn_implementation = GROUPED_SDPA
-        try:
+        with grouped_attention(self._configs):
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                              cache_position=cache_position, past_key_values=self.cache, use_cache=True, **extra)
-        finally:
-            for config, implementation in zip(self._configs, implementations):
-                config._attn_implementation = implementation
         return out.logits[:, -1]
 
     def _choose_step(self, logits: torch.Tensor) -> torch.Tensor:
