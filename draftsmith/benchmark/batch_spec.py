@@ -41,7 +41,7 @@ import torch
 from draftsmith.benchmark.spec_decode import (
     Trace,
     TargetModel,
-    _done,
+    answer_done,
     cut_output,
     draft_layers,
     prompt_lookup_candidates,
@@ -200,7 +200,7 @@ def batch_greedy_decode(target: BatchTarget, prompts: list[list[int]], max_new_t
     next_tokens = logits.argmax(-1)
     traces = [Trace(tokens=[t], target_forwards=1) for t in next_tokens.tolist()]
     first_token_seconds = time.perf_counter() - start
-    live = [not _done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
+    live = [not answer_done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
     while any(live):
         logits, _ = target.forward(next_tokens[:, None])
         target.lengths += torch.tensor(live, device=target.device)  # a finished row's slot stays
@@ -210,7 +210,7 @@ def batch_greedy_decode(target: BatchTarget, prompts: list[list[int]], max_new_t
                 trace = traces[row]
                 trace.tokens.append(token)
                 trace.target_forwards += 1
-                live[row] = not _done(trace.tokens, [token], max_new_tokens, stop_ids)
+                live[row] = not answer_done(trace.tokens, [token], max_new_tokens, stop_ids)
     synchronize(target.device)
     return _share_times(traces, time.perf_counter() - start, first_token_seconds)
 
@@ -232,7 +232,7 @@ def batch_speculative_decode(target: BatchTarget, proposer, prompts: list[list[i
     first_token_seconds = time.perf_counter() - start
     contexts = [list(p) + t.tokens for p, t in zip(prompts, traces)]  # host copies for n-gram lookup
     proposer.start(torch.cat([target.prompt_ids[:, 1:], last[:, None]], dim=1), aux, target.starts, capacity)
-    live = [not _done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
+    live = [not answer_done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
     all_rows = torch.arange(len(prompts), device=device)
     while any(live):
         draft, proposed = proposer.propose(contexts, k)
@@ -254,7 +254,7 @@ def batch_speculative_decode(target: BatchTarget, proposer, prompts: list[list[i
             trace.tokens += new
             contexts[row] += new
             counts.append(accepted + 1)
-            live[row] = not _done(trace.tokens, new, max_new_tokens, stop_ids)
+            live[row] = not answer_done(trace.tokens, new, max_new_tokens, stop_ids)
         counts = torch.tensor(counts, device=device)
         target.lengths += counts  # everything a row verified but its bonus token, which the next round feeds
         last = verified[all_rows, (counts - 1).clamp(min=0)]

@@ -80,7 +80,8 @@ def cut_output(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> li
     return tokens[:max_new_tokens]
 
 
-def _done(tokens: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
+def answer_done(tokens: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
+    """Whether an answer of `tokens` is over once `new` (its latest tokens) are added: the stopping rule."""
     return len(tokens) >= max_new_tokens or any(t in stop_ids for t in new)
 
 
@@ -234,7 +235,7 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
     next_token = logits[-1].argmax()
     tokens = [int(next_token)]  # the host must see each token to apply the stopping rule
     first_token_seconds = time.perf_counter() - start
-    while not _done(tokens, tokens[-1:], max_new_tokens, stop_ids):
+    while not answer_done(tokens, tokens[-1:], max_new_tokens, stop_ids):
         logits, _ = target.forward(next_token.view(1, 1), keep=1)
         next_token = logits[-1].argmax()
         tokens.append(int(next_token))
@@ -260,7 +261,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     trace = Trace(tokens=tokens, target_forwards=1, first_token_seconds=time.perf_counter() - start)
     context = list(prompt_ids) + tokens  # host copy for n-gram lookup
     proposer.start(torch.cat([prompt[1:], last]), aux, capacity)
-    done = _done(tokens, tokens, max_new_tokens, stop_ids)
+    done = answer_done(tokens, tokens, max_new_tokens, stop_ids)
     while not done:
         draft = proposer.propose(context, k)
         m = int(draft.shape[0])
@@ -280,7 +281,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
         target.rewind(len(prompt_ids) + len(tokens) - 1)  # keep everything but the bonus token
         last = verified[accepted : accepted + 1]
         proposer.accept(verified[: accepted + 1], aux[:, : accepted + 1] if aux is not None else None)
-        done = _done(tokens, new, max_new_tokens, stop_ids)
+        done = answer_done(tokens, new, max_new_tokens, stop_ids)
     synchronize(device)
     trace.seconds = time.perf_counter() - start
     trace.tokens = cut_output(tokens, max_new_tokens, stop_ids)
