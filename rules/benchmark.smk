@@ -77,7 +77,8 @@ rule benchmark_offline_reference:
         mem_mb=16000,
     params:
         target=target_spec(config["benchmark"]["dtype"]),
-        # batch size 1: the offline backend decodes one prompt at a time, whatever sizes the vllm backend sweeps
+        # batch size 1, whatever sizes the vllm backend sweeps: the reference is compared prompt by prompt with the
+        # vllm run's size-1 acceptance (per-request counters exist at size 1 only)
         benchmark=canonical(
             {
                 **job_settings("benchmark", "offline"),

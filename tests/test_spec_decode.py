@@ -398,7 +398,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "methods": ["eagle3_draft"]}, out / "x.csv", out / "x.json", "default")
     with pytest.raises(ValueError, match="batch_size"):
-        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_size": 4},
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_sizes": [0, 2]},
                               out / "x.csv", out / "x.json", "default")
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "repeats": 0},

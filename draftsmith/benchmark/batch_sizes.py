@@ -3,8 +3,8 @@
 `benchmark.batch_sizes` lists the sizes, ascending; null means one size, the one the backend's own key gives:
 `concurrency` (vllm: requests in flight) or `batch_size` (offline). Given, it replaces both, which must then be left
 at 1 (draftsmith.config.workflow says so, naming file and key). The vllm backend sweeps its requests in flight over
-the sizes, every method at every size against one server per method; the offline backend decodes one prompt at a
-time, so its only size is 1 (batched offline speculative decoding is not built: a larger size is a config error).
+the sizes, every method at every size against one server per method; the offline backend decodes the prompts one at
+a time at size 1 and B at a time at a size B above it (draftsmith.benchmark.batch_spec), every method at every size.
 
 Per method, a summary's `per_batch_size` holds {size: {tokens_per_s, speedup, acceptance_length, ...}} (JSON keys are
 strings), the speedup against target-only greedy at the same size; `pays_up_to` is the largest size up to which the
@@ -15,10 +15,6 @@ This module imports nothing heavy: the workflow reads it while it builds the DAG
 from __future__ import annotations
 
 import math
-
-OFFLINE_REFUSAL = ("the offline backend decodes one prompt at a time (batched offline speculative decoding is not "
-                   "built yet): use backend vllm for a sweep (its concurrency), or batch_sizes [1]")
-
 
 def batch_sizes(bench: dict, backend: str | None = None) -> list[int]:
     """The sizes a benchmark section measures: batch_sizes, else the one size of `concurrency` (vllm) or `batch_size`
@@ -31,16 +27,14 @@ def batch_sizes(bench: dict, backend: str | None = None) -> list[int]:
 
 
 def batch_size_problems(bench: dict) -> list[tuple[str, str]]:
-    """(key, problem) of a benchmark section's batch sizes that the schema cannot say: not ascending, a size above 1
-    on the offline backend, and concurrency or batch_size set beside batch_sizes."""
+    """(key, problem) of a benchmark section's batch sizes that the schema cannot say: not ascending, and concurrency
+    or batch_size set beside batch_sizes."""
     sizes = bench.get("batch_sizes")
     if not isinstance(sizes, list) or not sizes or not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes):
         return []  # absent, null, or a type the schema reports
     problems = []
     if len(set(sizes)) == len(sizes) and sizes != sorted(sizes):  # repeats: the schema's uniqueItems says so
         problems.append(("batch_sizes", f"{sizes} must be ascending, e.g. {sorted(sizes)}"))
-    if bench.get("backend", "offline") == "offline" and max(sizes) > 1:
-        problems.append(("batch_sizes", f"{sizes}: {OFFLINE_REFUSAL}"))
     for key in ("concurrency", "batch_size"):
         if bench.get(key) not in (None, 1):
             problems.append((key, f"{bench[key]} beside benchmark.batch_sizes, which replaces it: leave {key} out "

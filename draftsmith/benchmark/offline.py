@@ -15,6 +15,15 @@ method always goes first and a burst of load on the machine hits the methods ali
 the median of its runs; `run_order` records each run's position of the method, `repeat_seconds` the times. Greedy
 decoding is deterministic: every run must emit the same tokens with the same counts; a run that does not is
 reported (`unrepeatable_prompts` in the summary), not hidden.
+
+Batch sizes (`benchmark.batch_sizes`, draftsmith.benchmark.batch_sizes): size 1 is the loop above, one prompt at a
+time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size B decodes the same prompts (a second
+turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) B at a time, in order,
+with the batched decoders of draftsmith.benchmark.batch_spec (eager, no CUDA graphs): after an untimed warm-up on the
+first batch, each batch is timed like a prompt above (every method `repeats` times, interleaved), and each of its
+rows gets the batch's time over its rows. Rows carry their `batch_size`; per size, each speculative method's outputs
+are compared with target-only greedy's at that size, and target-only greedy's with its batch-1 outputs
+(`matches_batch_1`); the summary's `per_batch_size` and `pays_up_to` are the vllm backend's (the same helper).
 """
 
 from __future__ import annotations
@@ -26,7 +35,14 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.batch_sizes import OFFLINE_REFUSAL, batch_sizes
+from draftsmith.benchmark.batch_sizes import batch_sizes
+from draftsmith.benchmark.batch_spec import (
+    BatchEagle3Proposer,
+    BatchPromptLookupProposer,
+    BatchTarget,
+    batch_greedy_decode,
+    batch_speculative_decode,
+)
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
@@ -53,12 +69,9 @@ def check_settings(cfg: dict) -> None:
                          "speedup baseline")
     if cfg["temperature"] != 0:
         raise ValueError(f"benchmark.temperature = {cfg['temperature']}: only greedy decoding (0) is measured")
-    if cfg["batch_size"] != 1:
-        raise ValueError(f"benchmark.batch_size = {cfg['batch_size']}: the offline backend runs batch size 1 only "
-                         "(use backend: vllm for concurrent requests)")
     sizes = batch_sizes(cfg, "offline")
-    if sizes != [1]:
-        raise ValueError(f"benchmark.batch_sizes = {sizes}: {OFFLINE_REFUSAL}")
+    if min(sizes) < 1 or sizes != sorted(set(sizes)):
+        raise ValueError(f"benchmark.batch_sizes (or batch_size) = {sizes}: sizes must be >= 1, ascending, no repeats")
     for key in ("num_speculative_tokens", "max_new_tokens", "repeats"):
         if int(cfg[key]) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
@@ -111,6 +124,14 @@ class Timed:
     positions: list[int] = field(default_factory=list)
     repeatable: bool = True
 
+    def add(self, trace, position: int, k: int) -> None:
+        """One more run: its times and position, and whether it emitted what the first run did."""
+        if trace.tokens != self.trace.tokens or _counts(trace, k) != _counts(self.trace, k):
+            self.repeatable = False
+        self.seconds.append(trace.seconds)
+        self.first_token_seconds.append(trace.first_token_seconds)
+        self.positions.append(position)
+
     def row(self, k: int) -> dict:
         firsts = [t for t in self.first_token_seconds if t is not None]
         return {**self.trace.counts(k), "repeat_seconds": list(self.seconds),
@@ -131,19 +152,31 @@ def time_interleaved(decoders: dict, ids: list[int], repeats: int, shift: int, k
     for r in range(repeats):
         for position, method in enumerate(run_order(methods, shift + r)):
             trace = decoders[method](ids)
-            if method not in timed:
-                timed[method] = Timed(trace)
-            elif trace.tokens != timed[method].trace.tokens or _counts(trace, k) != _counts(timed[method].trace, k):
-                timed[method].repeatable = False
-            timed[method].seconds.append(trace.seconds)
-            timed[method].first_token_seconds.append(trace.first_token_seconds)
-            timed[method].positions.append(position)
+            timed.setdefault(method, Timed(trace)).add(trace, position, k)
+    return {m: timed[m] for m in methods}
+
+
+def time_batch_interleaved(decoders: dict, batch: list[list[int]], repeats: int, shift: int,
+                           k: int) -> dict[str, list[Timed]]:
+    """time_interleaved for batch decoders (each decodes the whole batch, one trace per row): per method, each row's
+    runs; the rows of a run share its position."""
+    methods = list(decoders)
+    timed: dict[str, list[Timed]] = {}
+    for r in range(repeats):
+        for position, method in enumerate(run_order(methods, shift + r)):
+            traces = decoders[method](batch)
+            for row, trace in zip(timed.setdefault(method, [Timed(t) for t in traces]), traces):
+                row.add(trace, position, k)
     return {m: timed[m] for m in methods}
 
 
 def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict], cfg: dict, out_per_prompt, out_summary,
                           variant: str) -> dict:
     check_settings(cfg)
+    sizes = batch_sizes(cfg, "offline")
+    if 1 not in sizes and any("follow_up" in p for p in prompts):
+        raise ValueError(f"benchmark.batch_sizes = {sizes}: prompts with a follow_up turn need size 1 (the second turn "
+                         "follows the target's batch-1 answer)")
     k, max_new_tokens = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"])
     repeats = int(cfg["repeats"])
     device = resolve_device(cfg["device"])
@@ -163,6 +196,9 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     graphs = use_cuda_graphs(cfg["cuda_graphs"], model, device)
     log.info("decoding steps %s", "replayed as CUDA graphs over a static KV cache" if graphs else "run eagerly")
     runner = TargetModel(model, aux_layer_ids, cuda_graphs=graphs)
+    if max(sizes) > 1 and not runner.static:
+        raise ValueError(f"benchmark.batch_sizes = {sizes}: batch sizes above 1 need a full-attention SDPA target "
+                         f"(here {getattr(model.config, '_attn_implementation', None)}, or sliding windows)")
     stop_ids = stop_token_ids(tokenizer, model)
     ngram = int(cfg["prompt_lookup_ngram"])
 
@@ -199,16 +235,16 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                  "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
                  runner.cache.max_length)
 
-    rows, outputs, rendered = [], {m: {} for m in methods}, {}
+    rows, outputs, rendered, categories = [], {m: {} for m in methods}, {}, {}
     unrepeatable: dict[str, list[str]] = {m: [] for m in methods}
     log.info("timing: %d run(s) of every method per prompt, interleaved (order rotated per prompt and run)", repeats)
-    queue, index = list(prompts), 0
-    progress = tqdm(total=len(prompts) + sum("follow_up" in p for p in prompts), desc=f"benchmark {variant}",
+    queue, index = list(prompts) if 1 in sizes else [], 0
+    progress = tqdm(total=len(queue) + sum("follow_up" in p for p in queue), desc=f"benchmark {variant}",
                     unit="prompt", mininterval=5)
     while queue:
         prompt = queue.pop(0)
         pid, ids = prompt["prompt_id"], render(prompt["messages"])
-        rendered[pid] = ids
+        rendered[pid], categories[pid] = ids, prompt["category"]
         # Methods alternate within each run, in an order rotated per prompt and run, so that drifting clocks,
         # thermals or other jobs on the machine hit all of them alike; the median of the runs is the prompt's time.
         timed = time_interleaved(decoders, ids, repeats, index, k)
@@ -216,7 +252,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         for method, t in timed.items():
             outputs[method][pid] = t.trace.tokens
             rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
-                         "category": prompt["category"], "prompt_tokens": len(ids), **t.row(k)})
+                         "category": prompt["category"], "batch_size": 1, "prompt_tokens": len(ids), **t.row(k)})
             if not t.repeatable:
                 unrepeatable[method].append(pid)
                 log.error("NOT REPEATABLE: %s on prompt %s emitted other tokens or counts in a later run", method, pid)
@@ -233,23 +269,43 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                                           {"role": "user", "content": prompt["follow_up"]}]})
         progress.update()
     progress.close()
-    num_prompts = len(outputs[BASELINE])
+    if 1 not in sizes:
+        for prompt in prompts:
+            rendered[prompt["prompt_id"]] = render(prompt["messages"])
+            categories[prompt["prompt_id"]] = prompt["category"]
+    outputs_by_size = {1: outputs} if 1 in sizes else {}
+    for size in [s for s in sizes if s > 1]:
+        outputs_by_size[size] = time_batches(size, methods, rendered, categories, cfg, runner, trained,
+                                             untrained if "untrained_draft" in methods else None, stop_ids, rows,
+                                             unrepeatable, variant)
+    num_prompts = len(rendered)
 
     # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
     # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
     # Each difference is located and sized (the target's logit gap between its token and the emitted one there),
     # so that a near-tie is told apart from a decoding error.
     lossless, mismatched, divergences = {}, {}, {}
+    size_extras = {size: {m: {} for m in methods} for size in sizes}
     for method in methods[1:]:
-        mismatched[method] = [pid for pid, tokens in outputs[method].items() if tokens != outputs[BASELINE][pid]]
+        mismatched[method], divergences[method] = [], {}
+        for size, by_method in outputs_by_size.items():
+            got, reference = by_method[method], by_method[BASELINE]
+            bad = [pid for pid, tokens in got.items() if tokens != reference[pid]]
+            size_extras[size][method].update(lossless=not bad, mismatched_prompts=bad)
+            mismatched[method] += [pid for pid in bad if pid not in mismatched[method]]
+            gaps = {pid: divergence_gap(runner, rendered[pid], got[pid], reference[pid]) for pid in bad}
+            divergences[method] = {**gaps, **divergences[method]}  # the smallest size's where several differ
+            if bad:
+                log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding at batch size %d on %d "
+                          "of %d prompts (%s): %s", method, size, len(bad), num_prompts, dtype,
+                          ", ".join(f"{pid} at token {d['position']} (logit gap {d['logit_gap']})"
+                                    for pid, d in list(gaps.items())[:10]))
         lossless[method] = not mismatched[method]
-        divergences[method] = {pid: divergence_gap(runner, rendered[pid], outputs[method][pid], outputs[BASELINE][pid])
-                               for pid in mismatched[method]}
-        if mismatched[method]:
-            log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding on %d of %d prompts (%s): %s",
-                      method, len(mismatched[method]), num_prompts, dtype,
-                      ", ".join(f"{pid} at token {d['position']} (logit gap {d['logit_gap']})"
-                                for pid, d in list(divergences[method].items())[:10]))
+    for size in [s for s in sizes if s > 1 and 1 in sizes]:
+        differ = [pid for pid, tokens in outputs_by_size[size][BASELINE].items() if tokens != outputs[BASELINE][pid]]
+        size_extras[size][BASELINE]["matches_batch_1"] = not differ
+        if differ:
+            log.error("target-only greedy decoding at batch size %d differs from batch size 1 on prompts %s", size, differ)
     meta = {
         "variant": variant,
         "backend": "offline",
@@ -257,7 +313,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "dtype": str(dtype).removeprefix("torch."),
         "max_new_tokens": max_new_tokens,
         "num_prompts": num_prompts,
-        "batch_sizes": [1],
+        "batch_sizes": sizes,
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
@@ -265,21 +321,69 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "timing": "interleaved",
         "versions": package_versions(),
     }
-    extras = {m: {"repeatable": not unrepeatable[m], "unrepeatable_prompts": unrepeatable[m]} for m in methods}
+    extras = {m: {"repeatable": not unrepeatable[m], "unrepeatable_prompts": list(dict.fromkeys(unrepeatable[m]))}
+              for m in methods}
     for m in lossless:
         extras[m].update(lossless=lossless[m], mismatched_prompts=mismatched[m], divergences=divergences[m])
-    for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:
+    for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:  # batch 1
         extras[method]["step_costs"] = measure_step_costs(runner, proposers[method], first_ids, k)
-    summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras)
+    summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras, size_extras)
     for method, stats in summary["methods"].items():
         low, high = stats["speedup_range"] or (float("nan"), float("nan"))
         spread = stats["time_spread"] if stats["time_spread"] is not None else float("nan")
         log.info("%s: acceptance length %.3f, %.1f tokens/s, speedup %.2fx (%.2f-%.2fx over %d runs; timing spread %.0f%%, "
                  "after the first token %.2fx)", method, stats["acceptance_length"], stats["tokens_per_s"],
                  stats["speedup"], low, high, stats["repeats"], 100 * spread, stats["decode_speedup"])
+        if len(sizes) > 1:
+            log.info("%s: by batch size: %s; pays up to %s", method, ", ".join(
+                f"{size}: {e['tokens_per_s']:.1f} tokens/s, speedup {e['speedup']:.2f}x, acceptance length "
+                f"{e['acceptance_length']:.2f}" for size, e in stats["per_batch_size"].items()), stats.get("pays_up_to"))
         if "step_costs" in stats:
             costs = stats["step_costs"]
             log.info("%s: draft step %.2f ms, target step %.2f ms (verification over %d tokens %.2f ms): c = %.3f, "
                      "ideal speedup tau / (1 + k c) = %.2fx", method, costs["draft_step_ms"], costs["target_step_ms"],
                      k + 1, costs["verify_step_ms"], costs["cost_ratio"], stats["ideal_speedup"])
     return summary
+
+
+def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
+                 runner: TargetModel, trained, untrained, stop_ids: set[int], rows: list[dict],
+                 unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
+    """Every method on the rendered prompts `size` at a time (in order; the last batch may be smaller), after an
+    untimed warm-up on the first batch; appends the rows (and unrepeatable prompts) and returns each method's outputs
+    by prompt id."""
+    k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
+    target = BatchTarget(runner)
+    proposers = {"prompt_lookup": BatchPromptLookupProposer(int(cfg["prompt_lookup_ngram"]), runner.device),
+                 "eagle3_draft": BatchEagle3Proposer(trained)}
+    if untrained is not None:
+        proposers["untrained_draft"] = BatchEagle3Proposer(untrained)
+
+    def decoder(method: str):
+        if method == BASELINE:
+            return lambda batch: batch_greedy_decode(target, batch, max_new_tokens, stop_ids)
+        return lambda batch: batch_speculative_decode(target, proposers[method], batch, k, max_new_tokens, stop_ids)
+
+    decoders = {m: decoder(m) for m in methods}
+    pids = list(rendered)
+    batches = [pids[i : i + size] for i in range(0, len(pids), size)]
+    log.info("batch size %d: %d batches; warm-up: every method once on the first", size, len(batches))
+    for decode in decoders.values():
+        decode([rendered[pid] for pid in batches[0]])
+    outputs: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
+    for index, batch in enumerate(tqdm(batches, desc=f"benchmark {variant} at batch size {size}", unit="batch",
+                                       mininterval=5)):
+        timed = time_batch_interleaved(decoders, [rendered[pid] for pid in batch], repeats, index, k)
+        for method, batch_rows in timed.items():
+            for pid, t in zip(batch, batch_rows):
+                outputs[method][pid] = t.trace.tokens
+                rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
+                             "category": categories[pid], "batch_size": size, "prompt_tokens": len(rendered[pid]),
+                             **t.row(k)})
+                if not t.repeatable:
+                    unrepeatable[method].append(pid)
+                    log.error("NOT REPEATABLE: %s on prompt %s at batch size %d emitted other tokens or counts in a "
+                              "later run", method, pid, size)
+        log.info("batch size %d, batch %d (%s): median seconds %s", size, index, " ".join(batch),
+                 ", ".join(f"{m} {sum(statistics.median(t.seconds) for t in ts):.3f}" for m, ts in timed.items()))
+    return outputs

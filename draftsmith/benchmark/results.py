@@ -2,7 +2,8 @@
 
 `per_prompt.csv` has one row per (prompt, method, batch size); `summary.json` aggregates per method, and within
 each method per prompt category (MT-Bench's eight, the synthetic task families, or "all"), with `per_batch_size`
-and `pays_up_to` per method (draftsmith.benchmark.batch_sizes; the offline backend's one size is 1).
+and `pays_up_to` per method (draftsmith.benchmark.batch_sizes; both backends measure every size of
+`benchmark.batch_sizes`, the offline one with batched decoding above size 1).
 Acceptance length is tokens generated per target forward pass, the bonus token included (each prompt's
 forward counts, and yields one token); `tokens_per_drafted_round` is 1 + accepted draft tokens per draft,
 the tokens a round with a proposal yields (the acceptance length the EAGLE papers report). Besides the
@@ -69,7 +70,7 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     """Fill derived columns (acceptance length, tokens/s, speedup over target-only greedy per prompt, and the
     timing columns: `seconds` is the median of `repeat_seconds` where a row has them, else its single run)."""
     df = pd.DataFrame(rows)
-    if "batch_size" not in df:  # the offline backend decodes one prompt at a time
+    if "batch_size" not in df:  # rows of one size-1 run
         df["batch_size"] = 1
     df["batch_size"] = df["batch_size"].astype(int)
     for col in accept_columns(k):
@@ -187,20 +188,25 @@ def ideal_speedup(acceptance_length: float, k: int, cost_ratio: float) -> float:
 
 
 def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict,
-                  method_extras: dict[str, dict] | None = None) -> dict:
+                  method_extras: dict[str, dict] | None = None,
+                  size_extras: dict[int, dict[str, dict]] | None = None) -> dict:
     """Write both tables atomically; `meta` (variant, backend, device, settings, versions) goes into the
     summary, and `method_extras[method]` (e.g. lossless, step_costs) into that method's entry, with
-    `ideal_speedup` derived from a method's step_costs and acceptance length."""
+    `ideal_speedup` derived from a method's step_costs and acceptance length. Rows of several batch sizes (their
+    `batch_size`): the methods' figures are the smallest size's, every size's in `per_batch_size`, with
+    `size_extras[size][method]` added there."""
     df = finish_rows(rows, k)
     with atomic_path(out_per_prompt, suffix=".csv") as tmp:
         df.to_csv(tmp, index=False)
-    methods = summarise(df, k)
+    sizes = sorted(int(s) for s in df["batch_size"].unique())
+    by_size = {size: summarise(df[df["batch_size"] == size], k) for size in sizes}
+    methods = by_size[sizes[0]]
     for method, extras in (method_extras or {}).items():
         methods[method].update(extras)
         if "step_costs" in extras:  # draftsmith.benchmark.step_costs
             methods[method]["ideal_speedup"] = ideal_speedup(methods[method]["acceptance_length"], k,
                                                              extras["step_costs"]["cost_ratio"])
-    add_per_batch_size({1: methods}, BASELINE)  # one size: the schema of a sweep's summary (vllm_benchmark)
-    summary = {"batch_sizes": [1], **meta, "num_speculative_tokens": k, "methods": methods}
+    add_per_batch_size(by_size, BASELINE, size_extras)  # one size too: the schema of a sweep's summary
+    summary = {"batch_sizes": sizes, **meta, "num_speculative_tokens": k, "methods": methods}
     write_json(out_summary, summary)
     return summary

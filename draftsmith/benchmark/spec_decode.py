@@ -8,7 +8,8 @@ Speculative round (batch size 1, temperature 0): the proposer drafts up to k tok
 target runs once over [last token, drafts] with its KV cache; drafts are accepted while they
 equal the target's argmax, and the target's own token at the first mismatch (or after the
 last draft) is appended as the bonus token. Every emitted token is the target's argmax, so
-the output equals target-only greedy decoding up to floating-point ties.
+the output equals target-only greedy decoding up to floating-point ties. The same rounds for several prompts
+decoded together are draftsmith.benchmark.batch_spec.
 
 EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`):
 draft position t reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and
@@ -79,7 +80,8 @@ def cut_output(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> li
     return tokens[:max_new_tokens]
 
 
-def _done(tokens: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
+def answer_done(tokens: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
+    """Whether an answer of `tokens` is over once `new` (its latest tokens) are added: the stopping rule."""
     return len(tokens) >= max_new_tokens or any(t in stop_ids for t in new)
 
 
@@ -198,27 +200,29 @@ class TargetModel:
         self.length += q
         return out
 
-    def _outputs(self, out, keep: int, with_aux: bool):
-        self._capturing = False
-        logits = out.logits[0, -keep:]
+    def call(self, keep: int, with_aux: bool, **model_kwargs):
+        """The model's forward (`model_kwargs`: inputs, mask, cache) keeping the last `keep` positions' logits
+        ([B, keep, V]) and, with `with_aux`, the auxiliary layers' inputs ([B, q, 3H]; else None). The batched
+        loops (draftsmith.benchmark.batch_spec) call it too, for the same hooks."""
+        self._captured.clear()
+        self._capturing = with_aux
+        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
+        try:
+            out = self.model(**model_kwargs, use_cache=True, **extra)
+        finally:
+            self._capturing = False
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if with_aux else None
-        return logits, aux
+        return out.logits[:, -keep:], aux
 
     def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
-        self._captured.clear()
-        self._capturing = with_aux
         positions, mask = positions_and_mask(self._length, input_ids.shape[1], self.cache.max_length)
-        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
-                         cache_position=positions, past_key_values=self.cache, use_cache=True, **extra)
-        return self._outputs(out, keep, with_aux)
+        logits, aux = self.call(keep, with_aux, input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
+                                cache_position=positions, past_key_values=self.cache)
+        return logits[0], aux
 
     def _step_dynamic(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
-        self._captured.clear()
-        self._capturing = with_aux
-        extra = {"logits_to_keep": keep} if self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **extra)
-        return self._outputs(out, keep, with_aux)
+        logits, aux = self.call(keep, with_aux, input_ids=input_ids, past_key_values=self.cache)
+        return logits[0], aux
 
 
 @torch.inference_mode()
@@ -231,7 +235,7 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
     next_token = logits[-1].argmax()
     tokens = [int(next_token)]  # the host must see each token to apply the stopping rule
     first_token_seconds = time.perf_counter() - start
-    while not _done(tokens, tokens[-1:], max_new_tokens, stop_ids):
+    while not answer_done(tokens, tokens[-1:], max_new_tokens, stop_ids):
         logits, _ = target.forward(next_token.view(1, 1), keep=1)
         next_token = logits[-1].argmax()
         tokens.append(int(next_token))
@@ -257,7 +261,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     trace = Trace(tokens=tokens, target_forwards=1, first_token_seconds=time.perf_counter() - start)
     context = list(prompt_ids) + tokens  # host copy for n-gram lookup
     proposer.start(torch.cat([prompt[1:], last]), aux, capacity)
-    done = _done(tokens, tokens, max_new_tokens, stop_ids)
+    done = answer_done(tokens, tokens, max_new_tokens, stop_ids)
     while not done:
         draft = proposer.propose(context, k)
         m = int(draft.shape[0])
@@ -277,7 +281,7 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
         target.rewind(len(prompt_ids) + len(tokens) - 1)  # keep everything but the bonus token
         last = verified[accepted : accepted + 1]
         proposer.accept(verified[: accepted + 1], aux[:, : accepted + 1] if aux is not None else None)
-        done = _done(tokens, new, max_new_tokens, stop_ids)
+        done = answer_done(tokens, new, max_new_tokens, stop_ids)
     synchronize(device)
     trace.seconds = time.perf_counter() - start
     trace.tokens = cut_output(tokens, max_new_tokens, stop_ids)
@@ -361,12 +365,20 @@ def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, f
         mask = causal_mask(0, n, hidden.device) if n > 1 else None
     else:
         slots, mask = positions_and_mask(first_slot, n, cache.max_length)
-    position_ids = (slots + 1).unsqueeze(0)
+    return draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
+
+
+def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                 cache_position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+    """The draft's decoder layers on `cat(embed(token_ids), hidden)` ([B, n], [B, n, H]) at `position_ids` ([B, n]),
+    the caller's `mask` and cache (`cache_position`: where a StaticKV writes). Returns the last layer's output
+    before `norm` ([B, n, H])."""
     states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
     position_embeddings = draft.rotary_emb(states, position_ids)
     for layer in draft.layers:
         states = layer(states, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                       use_cache=cache is not None, cache_position=slots, position_embeddings=position_embeddings)
+                       use_cache=cache is not None, cache_position=cache_position,
+                       position_embeddings=position_embeddings)
     return states
 
 

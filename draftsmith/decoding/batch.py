@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -57,12 +58,43 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 
 
+def attention_configs(model) -> list:
+    """Every config the model's attention layers read their implementation from (a multimodal model nests one)."""
+    return list({id(m.config): m.config for m in model.modules()
+                 if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
+
+
+@contextmanager
+def grouped_attention(configs: list):
+    """`grouped_sdpa` as the attention of `configs` (attention_configs) within the block, their own after it."""
+    implementations = [c._attn_implementation for c in configs]
+    for config in configs:
+        config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        for config, implementation in zip(configs, implementations):
+            config._attn_implementation = implementation
+
+
+def row_mask(query_slots: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """Boolean SDPA mask [rows, 1, q, length] (True = attend) of each row's queries at `query_slots` [rows, q] over
+    a cache of `length` slots, the row's sequence starting at slot `starts[row]` (left padding before it): a query
+    sees the row's slots from its start up to its own. A padding query (below its row's start) sees only itself, so
+    that no mask row is empty (an empty one gives NaN, which a masked slot still spreads: 0 * NaN)."""
+    keys = torch.arange(length, device=query_slots.device)[None, None, :]
+    query = query_slots[:, :, None]
+    return ((keys <= query) & ((keys >= starts[:, None, None]) | (keys == query)))[:, None]
+
+
 class BatchKV:
     """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
 
-    Two kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
-    itself), and a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
-    slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs).
+    Three kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
+    itself), a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
+    slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs),
+    and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the whole cache through the
+    caller's mask: the batched speculative loops of draftsmith.benchmark.batch_spec).
     """
 
     def __init__(self, rows: int, length: int):
@@ -71,6 +103,7 @@ class BatchKV:
         self.values: dict[int, torch.Tensor] = {}
         self.prefill_rows: torch.Tensor | None = None
         self.decode_slots: torch.Tensor | None = None
+        self.write_slots: torch.Tensor | None = None
         self.span = length
         self._all_rows: torch.Tensor | None = None
 
@@ -81,6 +114,10 @@ class BatchKV:
             self.values[layer_idx] = torch.zeros(shape, dtype=value.dtype, device=value.device)
             self._all_rows = torch.arange(self.rows, device=key.device)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.write_slots is not None:  # row r's q tokens at slots write_slots[r]: [rows, q, KV, D] indexed
+            keys[self._all_rows[:, None], :, self.write_slots] = key.transpose(1, 2)
+            values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
+            return keys, values
         if self.prefill_rows is not None:
             width = key.shape[2]
             keys[self.prefill_rows, :, :width] = key
@@ -214,9 +251,7 @@ class BatchDecoder:
             for module in model.modules():
                 if type(module).__name__.endswith(("RMSNorm", "MLP")):
                     module.compile()
-        # every config the attention layers read their implementation from (a multimodal model nests one)
-        self._configs = list({id(m.config): m.config for m in model.modules()
-                              if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
+        self._configs = attention_configs(model)
         self._shape = None  # (cache length, max_new_tokens, sampling, stops) of the state below
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by attention span
         self._pool = None
@@ -255,15 +290,9 @@ class BatchDecoder:
 
     def _forward(self, input_ids, mask, position_ids, cache_position):
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        implementations = [c._attn_implementation for c in self._configs]
-        for config in self._configs:
-            config._attn_implementation = GROUPED_SDPA
-        try:
+        with grouped_attention(self._configs):
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                              cache_position=cache_position, past_key_values=self.cache, use_cache=True, **extra)
-        finally:
-            for config, implementation in zip(self._configs, implementations):
-                config._attn_implementation = implementation
         return out.logits[:, -1]
 
     def _choose_step(self, logits: torch.Tensor) -> torch.Tensor:
@@ -291,13 +320,12 @@ class BatchDecoder:
         ids, starts = ids.to(self.device), starts.to(self.device)
         index = torch.arange(width, device=self.device)
         # causal within the prompt, from its start; a padding position attends to itself (finite, never read)
-        mask = (index[None, None, :] <= index[None, :, None]) & (
-            (index[None, None, :] >= starts[:, None, None]) | (index[None, None, :] == index[None, :, None]))
+        mask = row_mask(index.expand(len(rows), width), starts, width)
         positions = (index[None, :] - starts[:, None]).clamp(min=0)
         row_ids = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.cache.prefill_rows = row_ids
         try:
-            logits = self._forward(ids, mask[:, None], positions, index)
+            logits = self._forward(ids, mask, positions, index)
         finally:
             self.cache.prefill_rows = None
         row_seeds = torch.tensor(seeds, dtype=torch.long, device=self.device)

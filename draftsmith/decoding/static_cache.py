@@ -1,5 +1,6 @@
 """Fixed-address decoding state: a static KV cache and CUDA-graph replay (the benchmark's batch-1 loops; the
-batched decoder of draftsmith.decoding.batch builds on the same pieces).
+batched decoder and BatchKV of draftsmith.decoding.batch, and the benchmark's batched loops on them, build on the same
+pieces).
 
 At batch 1 an eager decode step of a small model is launch-bound: hundreds of kernel launches from
 Python cost far more than the kernels. A step whose tensors all live at fixed addresses (the KV cache

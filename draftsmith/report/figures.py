@@ -24,7 +24,7 @@ FIGURES = {
     "acceptance_length": "Acceptance length (tokens per target forward) by method",
     "per_position_acceptance": "Acceptance rate by draft position",
     "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy, with its range over the timed runs",
-    "speedup_by_batch_size": "Throughput under load: speedup over target-only greedy against batch size (vllm: requests in flight)",
+    "speedup_by_batch_size": "Throughput under load: speedup over target-only greedy against batch size (vllm: requests in flight; offline: prompts decoded together)",
     "training_loss": "Training loss per TTT step",
     "training_accuracy": "Training accuracy per TTT step",
     "acceptance_by_category": "Acceptance length per prompt category",
@@ -113,7 +113,7 @@ def speedup_by_batch_size_figure(batch: pd.DataFrame):
     drafting = drafting[drafting["variant"].isin(swept[swept >= 2].index)]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if drafting.empty:
-        ax.text(0.5, 0.5, "one batch size measured: set benchmark.batch_sizes (backend vllm) for a sweep",
+        ax.text(0.5, 0.5, "one batch size measured: set benchmark.batch_sizes for a sweep",
                 ha="center", transform=ax.transAxes)
     else:
         df = drafting.assign(method=drafting["method"].map(method_label))

@@ -47,7 +47,7 @@ SECTIONS = [
      "A vLLM benchmark times one run per method: its spread and range are unknown (—)."),
     ("load", "Throughput under load",
      "Total generated tokens/s of every method at each batch size of benchmark.batch_sizes (vllm: requests in flight "
-     "against one server per method; offline: batch size 1 only), the speedup over target-only greedy at the same size, "
+     "against one server per method; offline: prompts decoded together), the speedup over target-only greedy at the same size, "
      "and acceptance length (at a vLLM size above 1 from the server's spec-decode counters over the size). The summary's "
      "figures are those of the smallest size."),
     ("predicted", "What validation predicted, what the benchmark measured",

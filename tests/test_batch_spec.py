@@ -1,0 +1,147 @@
+"""Batched greedy and speculative decoding (draftsmith.benchmark.batch_spec) must give every row its batch-1 greedy
+output exactly (float32, CPU), whatever else shares the batch: prompts of different lengths, rows that stop early.
+
+The tiny target and drafts are test_spec_decode's fixture (hidden 64, 6 layers, an untrained and a briefly trained
+EAGLE-3 draft)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import test_spec_decode as spec_tests
+import torch
+
+from draftsmith.benchmark.batch_spec import (
+    BatchEagle3Proposer,
+    BatchPromptLookupProposer,
+    BatchTarget,
+    batch_greedy_decode,
+    batch_speculative_decode,
+)
+from draftsmith.benchmark.spec_decode import (
+    Eagle3Proposer,
+    PromptLookupProposer,
+    greedy_decode,
+    speculative_decode,
+)
+
+tiny = spec_tests.tiny  # the module-scoped fixture, built once for this module too
+MAX_NEW = spec_tests.MAX_NEW
+
+
+def references(tiny, prompts, stop):
+    return [greedy_decode(tiny["target"], ids, MAX_NEW, stop).tokens for ids in prompts]
+
+
+def batch_of(tiny, size: int) -> tuple[list[list[int]], set[int]]:
+    """`size` prompts of different lengths (the fixture's, cut by 3 tokens more each: from 58 down to 9 tokens) and
+    the stop tokens, at which some rows stop early (the second does) while others run to max_new_tokens."""
+    prompts = [ids[: len(ids) - 3 * i] for i, ids in enumerate(tiny["prompts"][:size])]
+    assert len({len(p) for p in prompts}) == size
+    return prompts, tiny["stop"]
+
+
+def check_rows(traces, want, k: int | None = None):
+    assert [t.tokens for t in traces] == want
+    for trace, tokens in zip(traces, want):
+        if k is None:  # greedy: one forward per token
+            assert trace.target_forwards == len(tokens) and trace.proposed == []
+            continue
+        assert all(0 <= a <= p <= k for a, p in zip(trace.accepted, trace.proposed))
+        assert trace.target_forwards == 1 + len(trace.proposed)
+        # the prompt's token, then each round's accepted drafts and bonus token; the stopping rule may cut the last
+        emitted = 1 + sum(a + 1 for a in trace.accepted)
+        assert len(tokens) <= emitted < len(tokens) + k + 1
+        trace.counts(k)  # the row fields the benchmark writes (checks the counts again)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_batched_greedy_rows_equal_batch_one_greedy(tiny, size):
+    prompts, stop = batch_of(tiny, size)
+    want = references(tiny, prompts, stop)
+    assert any(len(w) < MAX_NEW for w in want) and any(len(w) == MAX_NEW for w in want)  # early stops and the limit
+    check_rows(batch_greedy_decode(BatchTarget(tiny["target"]), prompts, MAX_NEW, stop), want)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("method", ["prompt_lookup", "untrained_draft", "trained_draft"])
+def test_batched_speculative_rows_equal_batch_one_greedy(tiny, method, size, k):
+    prompts, stop = batch_of(tiny, size)
+    want = references(tiny, prompts, stop)
+    proposer = (BatchPromptLookupProposer(3, torch.device("cpu")) if method == "prompt_lookup"
+                else BatchEagle3Proposer(tiny[method.removesuffix("_draft")]))
+    traces = batch_speculative_decode(BatchTarget(tiny["target"]), proposer, prompts, k, MAX_NEW, stop)
+    check_rows(traces, want, k)
+    # each row drafts what it drafts alone: the same proposals and acceptances as batch-1 speculative decoding
+    alone = [speculative_decode(tiny["target"], PromptLookupProposer(3, torch.device("cpu")) if method == "prompt_lookup"
+                                else Eagle3Proposer(tiny[method.removesuffix("_draft")]), ids, k, MAX_NEW, stop)
+             for ids in prompts]
+    assert [(t.proposed, t.accepted) for t in traces] == [(t.proposed, t.accepted) for t in alone]
+    if method == "trained_draft" and k == 3:  # rows accept partial chains: the rewinds are exercised
+        accepted = [a for t in traces for a in t.accepted]
+        assert 0 < sum(accepted) and any(0 < a < k for a in accepted)
+
+
+def test_a_batch_times_its_rows_as_shares_of_its_wall_time(tiny):
+    prompts, stop = batch_of(tiny, 3)
+    traces = batch_greedy_decode(BatchTarget(tiny["target"]), prompts, MAX_NEW, stop)
+    assert len({t.seconds for t in traces}) == 1 and traces[0].seconds > traces[0].first_token_seconds > 0
+
+
+def test_offline_benchmark_sweeps_batch_sizes(tiny):
+    """benchmark.batch_sizes [1, 2] on the offline backend: every method at both sizes, rows tagged with their size,
+    per_batch_size and pays_up_to in the summary, and every size's outputs equal to target-only greedy's."""
+    import pandas as pd
+
+    from draftsmith.benchmark.batch_sizes import batch_size_problems
+    from draftsmith.benchmark.offline import run_offline_benchmark
+    from draftsmith.data.prompts import load_prompts
+    from draftsmith.target_model.spec import TargetSpec
+
+    draft_dir = tiny["root"] / "draft_sizes"
+    tiny["trained"].save_pretrained(draft_dir)
+    cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 10, "temperature": 0.0,
+           "batch_size": None, "batch_sizes": [1, 2], "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32",
+           "seed": 0, "cuda_graphs": "auto", "repeats": 2,
+           "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
+    assert batch_size_problems(cfg) == []
+    assert batch_size_problems({**cfg, "batch_sizes": [2, 1]}) != []  # still ascending only
+    prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
+    out = tiny["root"] / "bench_sizes"
+    summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg,
+                                    out / "per_prompt.csv", out / "summary.json", "default")
+    assert summary == json.loads((out / "summary.json").read_text()) and summary["batch_sizes"] == [1, 2]
+    rows = pd.read_csv(out / "per_prompt.csv")
+    assert sorted(rows.groupby("batch_size").size().items()) == [(1, 12), (2, 12)]  # 3 prompts, 4 methods
+    for method, entry in summary["methods"].items():
+        assert set(entry["per_batch_size"]) == {"1", "2"}
+        for size, figures in entry["per_batch_size"].items():
+            sized = rows[(rows["method"] == method) & (rows["batch_size"] == int(size))]
+            assert figures["tokens_per_s"] == pytest.approx(sized["new_tokens"].sum() / sized["seconds"].sum())
+            assert figures["acceptance_length"] == pytest.approx(
+                sized["new_tokens"].sum() / sized["target_forwards"].sum())
+            if method != "target_greedy":
+                assert figures["lossless"] is True and figures["mismatched_prompts"] == []
+        if method != "target_greedy":
+            assert "pays_up_to" in entry and entry["lossless"] is True
+    assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["speedup"] == pytest.approx(1.0)
+    assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["matches_batch_1"] is True
+    # every size decodes the same tokens with the same counts
+    keyed = rows.set_index(["method", "prompt_id", "batch_size"])
+    for (method, pid), g in rows.groupby(["method", "prompt_id"]):
+        assert keyed.loc[(method, pid, 1), "new_tokens"] == keyed.loc[(method, pid, 2), "new_tokens"]
+        assert keyed.loc[(method, pid, 1), "accepted_tokens"] == keyed.loc[(method, pid, 2), "accepted_tokens"]
+    # one size above 1 (batch_size 2 alone): no batch-1 run at all, the same tokens
+    two = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                                {**cfg, "batch_sizes": None, "batch_size": 2, "repeats": 1}, out / "two.csv",
+                                out / "two.json", "default")
+    assert two["batch_sizes"] == [2] and set(pd.read_csv(out / "two.csv")["batch_size"]) == {2}
+    for method, entry in two["methods"].items():
+        assert list(entry["per_batch_size"]) == ["2"]
+        assert entry["acceptance_length"] == summary["methods"][method]["per_batch_size"]["2"]["acceptance_length"]
+        assert method == "target_greedy" or entry["lossless"] is True
+    with pytest.raises(ValueError, match="batch_sizes"):
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                              {**cfg, "batch_sizes": [0, 2]}, out / "x.csv", out / "x.json", "default")
