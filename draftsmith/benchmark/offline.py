@@ -280,32 +280,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                                              unrepeatable, variant)
     num_prompts = len(rendered)
 
-    # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
-    # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
-    # Each difference is located and sized (the target's logit gap between its token and the emitted one there),
-    # so that a near-tie is told apart from a decoding error.
-    lossless, mismatched, divergences = {}, {}, {}
-    size_extras = {size: {m: {} for m in methods} for size in sizes}
-    for method in methods[1:]:
-        mismatched[method], divergences[method] = [], {}
-        for size, by_method in outputs_by_size.items():
-            got, reference = by_method[method], by_method[BASELINE]
-            bad = [pid for pid, tokens in got.items() if tokens != reference[pid]]
-            size_extras[size][method].update(lossless=not bad, mismatched_prompts=bad)
-            mismatched[method] += [pid for pid in bad if pid not in mismatched[method]]
-            gaps = {pid: divergence_gap(runner, rendered[pid], got[pid], reference[pid]) for pid in bad}
-            divergences[method] = {**gaps, **divergences[method]}  # the smallest size's where several differ
-            if bad:
-                log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding at batch size %d on %d "
-                          "of %d prompts (%s): %s", method, size, len(bad), num_prompts, dtype,
-                          ", ".join(f"{pid} at token {d['position']} (logit gap {d['logit_gap']})"
-                                    for pid, d in list(gaps.items())[:10]))
-        lossless[method] = not mismatched[method]
-    for size in [s for s in sizes if s > 1 and 1 in sizes]:
-        differ = [pid for pid, tokens in outputs_by_size[size][BASELINE].items() if tokens != outputs[BASELINE][pid]]
-        size_extras[size][BASELINE]["matches_batch_1"] = not differ
-        if differ:
-            log.error("target-only greedy decoding at batch size %d differs from batch size 1 on prompts %s", size, differ)
+    lossless, mismatched, divergences, size_extras = compare_outputs(outputs_by_size, methods, sizes, runner, rendered,
+                                                                     dtype)
     meta = {
         "variant": variant,
         "backend": "offline",
@@ -328,6 +304,48 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:  # batch 1
         extras[method]["step_costs"] = measure_step_costs(runner, proposers[method], first_ids, k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras, size_extras)
+    log_summary(summary, k, sizes)
+    return summary
+
+
+def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],
+                    runner: TargetModel, rendered: dict[str, list[int]], dtype) -> tuple[dict, dict, dict, dict]:
+    """Every method's outputs against target-only greedy decoding's at each batch size (and greedy's at each size
+    against batch 1): per method lossless, the mismatched prompts and their divergences; per size and method the same
+    (`size_extras`)."""
+    num_prompts = len(rendered)
+    # Exact in float32. In bf16/fp16 a verification step over k+1 tokens rounds differently from a
+    # one-token step, so an output can leave the greedy one at a near-tie; that is reported, not hidden.
+    # Each difference is located and sized (the target's logit gap between its token and the emitted one there),
+    # so that a near-tie is told apart from a decoding error.
+    lossless, mismatched, divergences = {}, {}, {}
+    size_extras = {size: {m: {} for m in methods} for size in sizes}
+    for method in methods[1:]:
+        mismatched[method], divergences[method] = [], {}
+        for size, by_method in outputs_by_size.items():
+            got, reference = by_method[method], by_method[BASELINE]
+            bad = [pid for pid, tokens in got.items() if tokens != reference[pid]]
+            size_extras[size][method].update(lossless=not bad, mismatched_prompts=bad)
+            mismatched[method] += [pid for pid in bad if pid not in mismatched[method]]
+            gaps = {pid: divergence_gap(runner, rendered[pid], got[pid], reference[pid]) for pid in bad}
+            divergences[method] = {**gaps, **divergences[method]}  # the smallest size's where several differ
+            if bad:
+                log.error("NOT LOSSLESS: %s's output differs from target-only greedy decoding at batch size %d on %d "
+                          "of %d prompts (%s): %s", method, size, len(bad), num_prompts, dtype,
+                          ", ".join(f"{pid} at token {d['position']} (logit gap {d['logit_gap']})"
+                                    for pid, d in list(gaps.items())[:10]))
+        lossless[method] = not mismatched[method]
+    for size in [s for s in sizes if s > 1 and 1 in sizes]:
+        differ = [pid for pid, tokens in outputs_by_size[size][BASELINE].items()
+                  if tokens != outputs_by_size[1][BASELINE][pid]]
+        size_extras[size][BASELINE]["matches_batch_1"] = not differ
+        if differ:
+            log.error("target-only greedy decoding at batch size %d differs from batch size 1 on prompts %s", size, differ)
+    return lossless, mismatched, divergences, size_extras
+
+
+def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
+    """Each method's figures from the summary, to the rule's log."""
     for method, stats in summary["methods"].items():
         low, high = stats["speedup_range"] or (float("nan"), float("nan"))
         spread = stats["time_spread"] if stats["time_spread"] is not None else float("nan")
@@ -343,7 +361,6 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             log.info("%s: draft step %.2f ms, target step %.2f ms (verification over %d tokens %.2f ms): c = %.3f, "
                      "ideal speedup tau / (1 + k c) = %.2fx", method, costs["draft_step_ms"], costs["target_step_ms"],
                      k + 1, costs["verify_step_ms"], costs["cost_ratio"], stats["ideal_speedup"])
-    return summary
 
 
 def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
