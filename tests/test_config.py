@@ -35,6 +35,14 @@ def test_shipped_configs_validate_over_the_default(path):
         assert set(variant.get("datasets", [])) <= set(config["datasets"]), f"{path.name}: variants.{name}.datasets"
 
 
+def test_the_scale_overlay_validates_on_top_of_its_base():
+    config = load_config([REPO / "config" / "gpu-smollm2.yaml", REPO / "config" / "overlays" / "smollm2-50k.yaml"])
+    written = config["datasets"]["written"]
+    assert (written["source"], written["num_prompts"], written["regenerate"]) == ("self", 22000, True)
+    assert set(config["datasets"]) == set(load(REPO / "config" / "gpu-smollm2.yaml")["datasets"])
+    assert config["results"] == "results-smollm2-50k" and set(config["variants"]) == {"default", "data_20", "data_03"}
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda c: c["extraction"].update(num_shard=2), "num_shard"),
     (lambda c: c["extraction"].update(num_shards=0), "num_shards"),
