@@ -40,6 +40,7 @@ import torch
 
 from draftsmith.benchmark.spec_decode import (
     Trace,
+    PromptLookupProposer,
     TargetModel,
     answer_done,
     cut_output,
@@ -102,16 +103,8 @@ class BatchTarget:
             self.cache.write_slots = None
 
 
-class BatchPromptLookupProposer:
+class BatchPromptLookupProposer(PromptLookupProposer):
     """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
-
-    needs_aux = False
-
-    def __init__(self, max_ngram: int, device: torch.device):
-        if max_ngram < 1:
-            raise ValueError(f"prompt_lookup_ngram must be >= 1, got {max_ngram}")
-        self.max_ngram = max_ngram
-        self.device = device
 
     def start(self, next_tokens, aux, starts, capacity: int) -> None:
         pass
