@@ -49,17 +49,7 @@ from draftsmith.benchmark.spec_decode import (
     synchronize,
     use_sdpa,
 )
-from draftsmith.decoding.batch import BatchKV, attention_configs, grouped_attention, row_mask
-
-
-def left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompts as one tensor [B, longest], each right-aligned (0 before it), and each row's start slot [B]."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-    starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
-    return ids.to(device), starts.to(device)
+from draftsmith.decoding.batch import BatchKV, attention_configs, grouped_attention, left_padded, row_mask
 
 
 class BatchTarget:

@@ -8,7 +8,8 @@ length and its stop check. So on CUDA the step is captured once as a CUDA graph 
 a window, and the host looks at each window's row state (copied asynchronously) while the device decodes the next
 one: a row whose answer ended (a stop token or max_new_tokens) hands its answer back and takes the next prompt in
 the window after (a batched prefill of every free row), so early end-of-turn idles a row for about two windows, and
-the device never waits for the host's bookkeeping or the prefill's kernel launches. The same code runs eagerly on a CPU, where the tests compare it with `generate`.
+the device never waits for the host's bookkeeping or the prefill's kernel launches. The same code runs eagerly on a
+CPU, where the tests compare it with `generate`.
 
 Rows are independent: a row's tokens depend on its prompt (and for sampling its seed) alone, not on which prompts
 share the batch or when it was refilled. Sampling inverts each row's cumulative distribution (temperature, top-k and
@@ -85,6 +86,16 @@ def row_mask(query_slots: torch.Tensor, starts: torch.Tensor, length: int) -> to
     keys = torch.arange(length, device=query_slots.device)[None, None, :]
     query = query_slots[:, :, None]
     return ((keys <= query) & ((keys >= starts[:, None, None]) | (keys == query)))[:, None]
+
+
+def left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one tensor [B, longest], each right-aligned (0 before it), and each row's start slot [B]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+    starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
+    return ids.to(device), starts.to(device)
 
 
 class BatchKV:
@@ -281,7 +292,6 @@ class BatchDecoder:
         self.out = zeros(rows, max_new_tokens)
         self.stops = torch.tensor(stop_ids or [-1], dtype=torch.long, device=device)
         self.all_rows = torch.arange(rows, device=device)
-        self.key_slots = torch.arange(length, device=device)
         self.cache_position = zeros(1)
         self.cache.decode_slots = self.slots
         pinned = device.type == "cuda"
@@ -311,13 +321,9 @@ class BatchDecoder:
     # ------------------------------------------------------------------ the two kinds of forward
     def _prefill(self, rows: list[int], prompts: list[list[int]], seeds: list[int]) -> None:
         """Write `prompts` into cache `rows` (left-padded to the longest) and choose each one's first token."""
-        width = max(len(p) for p in prompts)
+        ids, starts = left_padded(prompts, self.device)
+        width = ids.shape[1]
         self.prefill_tokens += width * len(prompts)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
-        for r, prompt in enumerate(prompts):
-            ids[r, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        ids, starts = ids.to(self.device), starts.to(self.device)
         index = torch.arange(width, device=self.device)
         # causal within the prompt, from its start; a padding position attends to itself (finite, never read)
         mask = row_mask(index.expand(len(rows), width), starts, width)
@@ -342,11 +348,8 @@ class BatchDecoder:
         """One token for every row, on the device alone (what a CUDA graph captures), attending to the first `span`
         slots. A busy row's slot lies below the span; a free row's starts at 0, so its mask is never empty (an
         empty one would give NaN, which a masked slot still spreads: 0 * NaN)."""
-        rows = self.batch_size
-        key_slots = self.key_slots[:span]
-        mask = (key_slots[None, :] <= self.slots[:, None]) & (key_slots[None, :] >= self.starts[:, None])
         self.cache.span = span
-        logits = self._forward(self.tokens[:, None], mask.view(rows, 1, 1, span),
+        logits = self._forward(self.tokens[:, None], row_mask(self.slots[:, None], self.starts, span),
                                (self.slots - self.starts)[:, None], self.cache_position)
         chosen = self._choose_step(logits)
         active = ~self.finished
@@ -427,8 +430,8 @@ class BatchDecoder:
             looks.append(Look(self, window))
             window += 1
             # the host reads the window before this one while the device decodes this one (on CUDA the copies
-            # are asynchronous), unless nothing else is left to wait for
-            if len(looks) > 1 or (not queue and len(looks) == 1):
+            # are asynchronous); with no prompt left to refill, the oldest window it holds
+            if len(looks) > 1 or not queue:
                 look = looks.pop(0)
                 finished, lengths = look.read()
                 done = [row for row in finished if owner[row] >= 0 and filled_in[row] <= look.window]
