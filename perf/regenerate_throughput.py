@@ -37,7 +37,7 @@ from draftsmith.data import mtbench, prompt_sets  # noqa: E402
 from draftsmith.data.regenerate import prompt_text_key, regeneration_prompts, sample_seed  # noqa: E402
 from draftsmith.data.regenerate_hf import HFBackend  # noqa: E402
 from draftsmith.data.synthetic import generate_corpus  # noqa: E402
-from draftsmith.decoding.batch import BatchDecoder  # noqa: E402
+from draftsmith.decoding.batch import BatchDecoder, Sampling  # noqa: E402
 from draftsmith.io import write_json, write_jsonl, write_text  # noqa: E402
 from draftsmith.provenance import package_versions  # noqa: E402
 from draftsmith.target_model.layers import text_config  # noqa: E402
@@ -109,8 +109,6 @@ def profile_steps(model, prompts, gen, batch: int, path: str, steps: int = 32) -
     """Where an eager decode step's time goes (no CUDA graphs, so each kernel shows): `steps` tokens for `batch`
     prompts, sampled as `gen` says; the kernels by total device time to `path`."""
     from torch.profiler import ProfilerActivity, profile
-
-    from draftsmith.decoding.batch import Sampling
 
     decoder = BatchDecoder(model, batch, cuda_graphs=False)
     sampling = Sampling(gen["temperature"], gen["top_p"], gen["top_k"])
