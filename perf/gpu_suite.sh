@@ -93,18 +93,19 @@ smollm2)
   overlay=/tmp/smollm2-overlay.yaml
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
+  res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
     "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
-  round_costs results-smollm2
-  tar czf "$OUT/results-smollm2.tgz" results-smollm2/logs results-smollm2/benchmarks results-smollm2/report results-smollm2/benchmark \
-    results-smollm2/draft/*/metrics.csv results-smollm2/draft/*/config.json \
-    results-smollm2/draft/*/training_data.json results-smollm2/prepared/*/stats.json \
-    $(ls results-smollm2/data/*/*.stats.json 2>/dev/null) \
-    results-smollm2/target/draftsmith_provenance.json $(ls results-smollm2/shards/*/*/manifest.json 2>/dev/null) || true
+  round_costs "$res"
+  tar czf "$OUT/$res.tgz" $res/logs $res/benchmarks $res/report $res/benchmark \
+    $res/draft/*/metrics.csv $res/draft/*/config.json \
+    $res/draft/*/training_data.json $res/prepared/*/stats.json \
+    $(ls $res/data/*/*.stats.json 2>/dev/null) \
+    $res/target/draftsmith_provenance.json $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
   if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then  # training throughput on these shards
-    python3 perf/training_throughput.py --results results-smollm2 --min-steps 100 --total-seq-length 8192 \
+    python3 perf/training_throughput.py --results "$res" --min-steps 100 --total-seq-length 8192 \
       --table "$OUT/training.md" 2>&1 | tail -n 12
   fi
   exit "${status:-0}"
