@@ -20,7 +20,15 @@ The target's attention is the batched decoder's `grouped_sdpa` (grouped-query KV
 
 Finished rows (a stop token or max_new_tokens) stay in the batch until every row is done: they add no tokens and no
 counts to their trace, and their write slot stops advancing (each round recomputes the same slots, never read by
-a live row). The batch does not shrink. Decoding is eager: no CUDA graphs for the batched path.
+a live row). The batch does not shrink.
+
+CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), reused
+by every batch of that many rows, so a step of a shape (rows, tokens) is captured once and replayed for every batch
+(`capture`: every shape before the timed batches). A step reads the rows' slots from device buffers and writes
+nothing but the KV cache at them, so it can be replayed (and its capture's warm-up runs repeated); the host advances
+the slots after it, and checks the cache's bounds against its own copy of them. The prompt's forward (its width
+varies per batch) runs eagerly; so does everything on a CPU, where the tests check the same code. A reused cache
+keeps an earlier batch's entries in slots no mask reaches: before a row's start, or past its write slot.
 
 Timing: a batch is timed as a whole; each row's `seconds` (and `first_token_seconds`) is the batch's wall time
 (and its prompt forward's) divided by its rows, so that a method's summed seconds are the batches' wall time and
@@ -34,6 +42,7 @@ the row's verified slots, overwritten before anything attends to it.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -50,47 +59,133 @@ from draftsmith.benchmark.spec_decode import (
     use_sdpa,
 )
 from draftsmith.decoding.batch import BatchKV, attention_configs, grouped_attention, left_padded, row_mask
+from draftsmith.decoding.static_cache import StepGraphs
+
+CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
+
+
+class RowBuffers:
+    """One model's decoding buffers for batches of `rows` rows, reused batch after batch (captured steps address
+    them): the KV cache, each row's first slot (`starts`) and next free slot (`lengths`), and the host's copy of the
+    latter."""
+
+    def __init__(self, rows: int, length: int, device):
+        self.cache = BatchKV(rows, -(-length // CACHE_GRANULE) * CACHE_GRANULE)
+        self.starts = torch.zeros(rows, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self.host_lengths = [0] * rows
+
+    def reset(self, starts: torch.Tensor, length: int) -> None:
+        self.starts.copy_(starts)
+        self.lengths.fill_(length)
+        self.host_lengths = [length] * len(self.host_lengths)
+
+    def advance(self, counts: list[int]) -> torch.Tensor:
+        """Each row's next free slot `counts[row]` further on; returns the counts as a device tensor."""
+        self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
+        counts_t = torch.tensor(counts, dtype=torch.long, device=self.lengths.device)
+        self.lengths += counts_t
+        return counts_t
+
+    def check(self, ahead: int, what: str) -> None:
+        """A clear error where a row would write `ahead` slots past its next free one, beyond the cache."""
+        if max(self.host_lengths) + ahead > self.cache.length:
+            raise ValueError(f"the {what} batched KV cache holds {self.cache.length} slots a row; "
+                             f"{max(self.host_lengths)} + {ahead} asked for")
+
+
+class RowBufferSet:
+    """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
+
+    def __init__(self, cuda_graphs: bool, device):
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
+        self.graphs = StepGraphs(cuda_graphs)
+        self.device = device
+        self.by_rows: dict[int, RowBuffers] = {}
+
+    def reserve(self, rows: int, length: int) -> RowBuffers:
+        """The buffers of `rows` rows, with at least `length` slots a row."""
+        buffers = self.by_rows.get(rows)
+        if buffers is None or buffers.cache.length < length:
+            if buffers is not None:
+                self.graphs.clear()  # they address the old cache
+            self.by_rows[rows] = buffers = RowBuffers(rows, length, self.device)
+        return buffers
 
 
 class BatchTarget:
     """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`."""
 
-    def __init__(self, target: TargetModel):
+    MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
+
+    def __init__(self, target: TargetModel, cuda_graphs: bool = False):
         if not target.static:
             raise ValueError("batched decoding needs a full-attention SDPA target (its masks are built here)")
         self.target = target
         self.device = target.device
+        self.buffers = RowBufferSet(cuda_graphs, self.device)
         self._attention = attention_configs(target.model)
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Buffers for `rows` rows of at least `length` slots (the prompt's width and what follows it), so that the
+        batches' `start` finds them and the steps captured on them stay."""
+        self.rows = self.buffers.reserve(rows, length)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.rows.lengths
 
     def start(self, prompts: list[list[int]], capacity: int, with_aux: bool = False):
         """New rows: run the left-padded prompts; each row's cache holds the prompts' width plus `capacity` slots.
         Returns the last position's logits [B, V] and, with `with_aux`, the auxiliary states [B, width, 3H]."""
-        self.prompt_ids, self.starts = left_padded(prompts, self.device)
+        self.prompt_ids, starts = left_padded(prompts, self.device)
         width = self.prompt_ids.shape[1]
-        self.cache = BatchKV(len(prompts), width + capacity)
-        self.lengths = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
-        logits, aux = self.forward(self.prompt_ids, with_aux, keep=1)
-        self.lengths.fill_(width)
+        self.reserve(len(prompts), width + capacity)
+        self.rows.reset(starts, 0)
+        self.starts = self.rows.starts
+        logits, aux = self._step(self.prompt_ids, keep=1, with_aux=with_aux)
+        self.rows.reset(starts, width)
         return logits[:, -1], aux
 
     def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
-        """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller advances `lengths` by
-        what each row keeps). Returns the last `keep` (default q) positions' logits [B, keep, V] and, with
-        `with_aux`, the auxiliary states [B, q, 3H]."""
-        q = input_ids.shape[1]
-        slots = self.lengths[:, None] + torch.arange(q, device=self.device)
-        if int(slots.max()) >= self.cache.length:
-            raise ValueError(f"the batched KV cache holds {self.cache.length} slots a row; slot {int(slots.max())} "
-                             "asked for")
-        self.cache.write_slots = slots
+        """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
+        row by what it keeps: `advance`). Returns the last `keep` (default q) positions' logits [B, keep, V] and, with
+        `with_aux`, the auxiliary states [B, q, 3H]; a replayed step's outputs are overwritten by its next replay."""
+        rows, q = input_ids.shape
+        self.rows.check(q, "target's")
+        step = functools.partial(self._step, keep=keep or q, with_aux=with_aux)
+        if q > self.MAX_GRAPH_WIDTH:
+            return step(input_ids)
+        return self.buffers.graphs.run((rows, q, keep or q, with_aux), step, input_ids)
+
+    def advance(self, counts: list[int]) -> torch.Tensor:
+        """Each row's write slot `counts[row]` on (what it kept of the last forward); returns them on the device."""
+        return self.rows.advance(counts)
+
+    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+        rows = self.rows
+        slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
+        rows.cache.write_slots = slots
         try:
             with grouped_attention(self._attention):  # the regenerate decoder's attention: KV heads not repeated
-                return self.target.call(keep or q, with_aux, input_ids=input_ids,
-                                        attention_mask=row_mask(slots, self.starts, self.cache.length),
-                                        position_ids=(slots - self.starts[:, None]).clamp(min=0),
-                                        cache_position=slots[0], past_key_values=self.cache)
+                return self.target.call(keep, with_aux, input_ids=input_ids,
+                                        attention_mask=row_mask(slots, rows.starts, rows.cache.length),
+                                        position_ids=(slots - rows.starts[:, None]).clamp(min=0),
+                                        cache_position=slots[0], past_key_values=rows.cache)
         finally:
-            self.cache.write_slots = None
+            rows.cache.write_slots = None
+
+    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
+    def capture(self, rows: int, k: int) -> None:
+        """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens; with and without
+        the auxiliary states), so that none is captured inside a timed decode. Reserve the buffers first."""
+        if not self.buffers.graphs.enabled:
+            return
+        self.start([[0]] * rows, capacity=k + 1)
+        for q in range(1, k + 2):
+            for with_aux in {False, bool(self.target.aux_layer_ids)}:
+                self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
 
 
 class BatchPromptLookupProposer(PromptLookupProposer):
@@ -113,44 +208,61 @@ class BatchPromptLookupProposer(PromptLookupProposer):
 class BatchEagle3Proposer:
     """Chain drafts of a speculators Eagle3DraftModel for B rows at once (spec_decode.Eagle3Proposer, batched).
 
-    Per row: `verified`, the next free slot of its draft cache (one entry per verified position); the pending inputs
-    of the next round (the newly verified tokens and the target's states before them) and how many are real."""
+    Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
+    pending inputs of the next round (the newly verified tokens and the target's states before them) and how many
+    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs`."""
 
     needs_aux = True
 
-    def __init__(self, draft):
+    def __init__(self, draft, cuda_graphs: bool = False):
         use_sdpa(draft)
         self.draft = draft
+        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Buffers for `rows` rows of at least `length` slots (see BatchTarget.reserve)."""
+        self.rows = self.buffers.reserve(rows, length)
 
     def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, starts: torch.Tensor, capacity: int) -> None:
         """next_tokens [B, W]: at each prompt slot the token after it (the first generated token last), left-padded
         as the target's rows (`starts`); aux [B, W, 3H]; each row's cache holds W + `capacity` slots."""
         rows, width = next_tokens.shape
-        self.cache = BatchKV(rows, width + capacity)
-        self.starts = starts
-        self.verified = torch.zeros(rows, dtype=torch.long, device=next_tokens.device)
-        self.accept(next_tokens, aux, torch.full_like(self.verified, width))
+        self.reserve(rows, width + capacity)
+        self.rows.reset(starts, 0)
+        self.accept(next_tokens, aux, [width] * rows)
 
     def _layers(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        self.cache.write_slots = slots
+        rows = self.rows
+        rows.cache.write_slots = slots
         try:
-            return draft_layers(self.draft, tokens, hidden, (slots - self.starts[:, None]).clamp(min=0) + 1, slots[0],
-                                row_mask(slots, self.starts, self.cache.length), self.cache)
+            return draft_layers(self.draft, tokens, hidden, (slots - rows.starts[:, None]).clamp(min=0) + 1, slots[0],
+                                row_mask(slots, rows.starts, rows.cache.length), rows.cache)
         finally:
-            self.cache.write_slots = None
+            rows.cache.write_slots = None
 
     def propose(self, contexts, k: int) -> tuple[torch.Tensor, list[int]]:
         """k chain drafts per row [B, k] (target vocabulary), and k for every row."""
-        draft, tokens, aux, counts = self.draft, self.pending_tokens, self.pending_aux, self.counts
+        tokens, aux, counts = self.pending_tokens, self.pending_aux, self.counts
         rows, n = tokens.shape
-        if int(self.verified.max()) + n + k > self.cache.length:
-            raise ValueError(f"the draft's batched KV cache holds {self.cache.length} slots a row; "
-                             f"{int(self.verified.max())} + {n} + {k} asked for")
-        slots = self.verified[:, None] + torch.arange(n, device=tokens.device)
+        self.rows.check(n + k, "draft's")
+        draft_round = functools.partial(self._round, k=k)
+        if n <= k + 1:  # a round after a verification (the prompt's, W wide, runs eagerly)
+            drafted = self.buffers.graphs.run((rows, n, k), draft_round, tokens, aux, counts)
+        else:
+            drafted = draft_round(tokens, aux, counts)
+        self.rows.advance(self.host_counts)
+        return drafted, [k] * rows
+
+    def _round(self, tokens: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, k: int) -> torch.Tensor:
+        """The round's inputs (each row's first counts[row] real) written from each row's next free slot, then k
+        chain steps after them. Writes nothing but the cache (the host advances the slots after it)."""
+        draft, verified = self.draft, self.rows.lengths
+        rows, n = tokens.shape
+        slots = verified[:, None] + torch.arange(n, device=tokens.device)
         out = self._layers(tokens, draft.fc(aux), slots)
         all_rows = torch.arange(rows, device=tokens.device)
         hidden = out[all_rows, (counts - 1).clamp(min=0)][:, None]  # each row's last real input (a finished row: any)
-        chain = self.verified + counts  # the chain's first slot, right after the row's verified ones
+        chain = verified + counts  # the chain's first slot, right after the row's verified ones
         drafted = []
         for step in range(k):
             token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [B, 1], draft vocabulary
@@ -158,13 +270,26 @@ class BatchEagle3Proposer:
             drafted.append(token)
             if step + 1 < k:
                 hidden = self._layers(token, hidden, (chain + step)[:, None])
-        self.verified = chain
-        return torch.cat(drafted, dim=-1), [k] * rows
+        return torch.cat(drafted, dim=-1)
 
-    def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor) -> None:
+    def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor, counts: list[int]) -> None:
         """next_tokens [B, n]: per row, its first counts[row] are newly verified (the accepted drafts and the bonus
         token; 0 for a finished row); aux [B, n, 3H]: the target's states at the positions before them."""
-        self.pending_tokens, self.pending_aux, self.counts = next_tokens, aux, counts
+        self.pending_tokens, self.pending_aux, self.host_counts = next_tokens, aux, counts
+        self.counts = torch.tensor(counts, dtype=torch.long, device=next_tokens.device)
+
+    @torch.inference_mode()
+    def capture(self, rows: int, k: int) -> None:
+        """Capture now the round after a verification for `rows` rows (see BatchTarget.capture)."""
+        if not self.buffers.graphs.enabled:
+            return
+        fc = self.draft.fc
+        tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=fc.weight.device)
+        aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device)
+        self.start(tokens[:, :1], aux[:, :1], torch.zeros(rows, dtype=torch.long, device=fc.weight.device), 2 * k + 2)
+        self.propose([], k)
+        self.accept(tokens, aux, [k + 1] * rows)
+        self.propose([], k)
 
 
 def _share_times(traces: list[Trace], seconds: float, first_token_seconds: float) -> list[Trace]:
@@ -186,7 +311,7 @@ def batch_greedy_decode(target: BatchTarget, prompts: list[list[int]], max_new_t
     live = [not answer_done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
     while any(live):
         logits, _ = target.forward(next_tokens[:, None])
-        target.lengths += torch.tensor(live, device=target.device)  # a finished row's slot stays
+        target.advance([int(x) for x in live])  # a finished row's slot stays
         next_tokens = logits[:, -1].argmax(-1)
         for row, token in enumerate(next_tokens.tolist()):
             if live[row]:
@@ -238,10 +363,9 @@ def batch_speculative_decode(target: BatchTarget, proposer, prompts: list[list[i
             contexts[row] += new
             counts.append(accepted + 1)
             live[row] = not answer_done(trace.tokens, new, max_new_tokens, stop_ids)
-        counts = torch.tensor(counts, device=device)
-        target.lengths += counts  # everything a row verified but its bonus token, which the next round feeds
-        last = verified[all_rows, (counts - 1).clamp(min=0)]
         proposer.accept(verified, aux, counts)
+        counts = target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
+        last = verified[all_rows, (counts - 1).clamp(min=0)]
     synchronize(device)
     for trace in traces:
         trace.tokens = cut_output(trace.tokens, max_new_tokens, stop_ids)

@@ -19,9 +19,9 @@ reported (`unrepeatable_prompts` in the summary), not hidden.
 Batch sizes (`benchmark.batch_sizes`, draftsmith.benchmark.batch_sizes): size 1 is the loop above, one prompt at a
 time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size B decodes the same prompts (a second
 turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) B at a time, in order,
-with the batched decoders of draftsmith.benchmark.batch_spec (eager, no CUDA graphs): after an untimed warm-up on the
-first batch, each batch is timed like a prompt above (every method `repeats` times, interleaved), and each of its
-rows gets the batch's time over its rows. Rows carry their `batch_size`; per size, each speculative method's outputs
+with the batched decoders of draftsmith.benchmark.batch_spec (CUDA graphs per row count where the batch-1 loop
+has them, captured before timing): after an untimed warm-up on the first batch, each batch is timed like a prompt
+above (every method `repeats` times, interleaved), and each of its rows gets the batch's time over its rows. Rows carry their `batch_size`; per size, each speculative method's outputs
 are compared with target-only greedy's at that size, and target-only greedy's with its batch-1 outputs
 (`matches_batch_1`); the summary's `per_batch_size` and `pays_up_to` are the vllm backend's (the same helper).
 """
@@ -370,11 +370,12 @@ def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], 
     untimed warm-up on the first batch; appends the rows (and unrepeatable prompts) and returns each method's outputs
     by prompt id."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
-    target = BatchTarget(runner)
+    graphs = runner.graphs.enabled
+    target = BatchTarget(runner, cuda_graphs=graphs)
     proposers = {"prompt_lookup": BatchPromptLookupProposer(int(cfg["prompt_lookup_ngram"]), runner.device),
-                 "eagle3_draft": BatchEagle3Proposer(trained)}
+                 "eagle3_draft": BatchEagle3Proposer(trained, cuda_graphs=graphs)}
     if untrained is not None:
-        proposers["untrained_draft"] = BatchEagle3Proposer(untrained)
+        proposers["untrained_draft"] = BatchEagle3Proposer(untrained, cuda_graphs=graphs)
 
     def decoder(method: str):
         if method == BASELINE:
@@ -384,6 +385,16 @@ def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], 
     decoders = {m: decoder(m) for m in methods}
     pids = list(rendered)
     batches = [pids[i : i + size] for i in range(0, len(pids), size)]
+    # buffers for each batch's row count, sized for the longest prompt, and every step shape captured before timing
+    length = max(len(ids) for ids in rendered.values()) + max_new_tokens + 3 * (k + 1)
+    for row_count in sorted({len(b) for b in batches}):
+        for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
+            model.reserve(row_count, length)
+            model.capture(row_count, k)
+    if graphs:
+        log.info("batch size %d: captured %d target steps and %s draft rounds", size, len(target.buffers.graphs.steps),
+                 "+".join(str(len(p.buffers.graphs.steps)) for p in proposers.values()
+                          if isinstance(p, BatchEagle3Proposer)))
     log.info("batch size %d: %d batches; warm-up: every method once on the first", size, len(batches))
     for decode in decoders.values():
         decode([rendered[pid] for pid in batches[0]])
