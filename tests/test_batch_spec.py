@@ -84,6 +84,45 @@ def test_batched_speculative_rows_equal_batch_one_greedy(tiny, method, size, k):
         assert 0 < sum(accepted) and any(0 < a < k for a in accepted)
 
 
+@pytest.mark.parametrize("method", ["greedy", "trained_draft"])
+def test_buffers_reused_batch_after_batch_leak_nothing(tiny, method):
+    """One BatchTarget (and draft) decodes batches of other widths and row counts in turn, as the benchmark's batches
+    reuse the buffers of their row count (and the steps captured on them): each batch's rows still equal their batch-1
+    greedy outputs, though the cache holds the earlier batches' entries."""
+    stop = tiny["stop"]
+    long_batch, _ = batch_of(tiny, 3)
+    short_batch = [ids[:9 + 2 * i] for i, ids in enumerate(tiny["prompts"][2:5])]
+    pair = [tiny["prompts"][3][:20], tiny["prompts"][4]]
+    target = BatchTarget(tiny["target"])
+    proposer = BatchEagle3Proposer(tiny["trained"])
+    target.reserve(3, 8)  # too small: start grows it
+    for prompts in [long_batch, short_batch, pair, long_batch, short_batch]:
+        if method == "greedy":
+            traces = batch_greedy_decode(target, prompts, MAX_NEW, stop)
+            check_rows(traces, references(tiny, prompts, stop))
+        else:
+            traces = batch_speculative_decode(target, proposer, prompts, 3, MAX_NEW, stop)
+            check_rows(traces, references(tiny, prompts, stop), 3)
+    assert sorted(target.buffers.by_rows) == [2, 3]
+
+
+def test_cuda_graphs_need_a_cuda_device(tiny):
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        BatchTarget(tiny["target"], cuda_graphs=True)
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        BatchEagle3Proposer(tiny["trained"], cuda_graphs=True)
+
+
+def test_a_row_past_its_cache_is_a_clear_error(tiny):
+    target = BatchTarget(tiny["target"])
+    prompts, _ = batch_of(tiny, 2)
+    target.start(prompts, capacity=2)
+    width = max(len(p) for p in prompts)
+    target.advance([target.rows.cache.length - width, 0])
+    with pytest.raises(ValueError, match="target's batched KV cache holds"):
+        target.forward(torch.zeros((2, 1), dtype=torch.long))
+
+
 def test_a_batch_times_its_rows_as_shares_of_its_wall_time(tiny):
     prompts, stop = batch_of(tiny, 3)
     traces = batch_greedy_decode(BatchTarget(tiny["target"]), prompts, MAX_NEW, stop)
