@@ -43,6 +43,13 @@ def test_the_scale_overlay_validates_on_top_of_its_base():
     assert config["results"] == "results-smollm2-50k" and set(config["variants"]) == {"default", "data_20", "data_03"}
 
 
+def test_the_batch_sweep_overlay_validates_on_top_of_its_base():
+    from draftsmith.benchmark.batch_sizes import batch_size_problems, batch_sizes
+
+    config = load_config([REPO / "config" / "gpu.yaml", REPO / "config" / "overlays" / "gpu-batch-sweep.yaml"])
+    assert batch_sizes(config["benchmark"]) == [1, 4, 16, 64] and not batch_size_problems(config["benchmark"])
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda c: c["extraction"].update(num_shard=2), "num_shard"),
     (lambda c: c["extraction"].update(num_shards=0), "num_shards"),
