@@ -46,5 +46,7 @@ rule report:
         mem_mb=4000,
     params:
         config=canonical(config),
+        # each rule's benchmark file, for the report's time per stage (written by the jobs of the inputs above)
+        benchmarks=str(R / "benchmarks"),
     script:
         "../scripts/report.py"

@@ -17,6 +17,7 @@ def main(smk):
         figures_dir=smk.output.figures,
         reference=smk.input.reference,
         out_csv=smk.output.curve,
+        benchmarks=smk.params.benchmarks,
     )
 
 

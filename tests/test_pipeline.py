@@ -6,9 +6,11 @@ import time
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 import yaml
 from conftest import REPO, SNAKEMAKE, jobs_planned, load_perf_script, snakemake, write_config
+from test_report import html_tables
 
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.shards import validate_shard
@@ -47,6 +49,25 @@ def test_draft_benchmark_and_report_exist(pipeline_run):
     assert len(per_prompt) == 4 * 3
     html = (r / "report" / "report.html").read_text()
     assert "eagle3_draft" in html and html.count("data:image/png;base64,") >= 6
+
+
+def test_report_times_every_stage_from_its_benchmark_files(pipeline_run):
+    """The report's time per stage is the rules' Snakemake benchmark files, summed per rule (the report's own is
+    written after it)."""
+    r = pipeline_run / "results"
+    files = [p for p in (r / "benchmarks").rglob("*.tsv") if p.relative_to(r / "benchmarks").parts[0] != "report.tsv"]
+    want = {}
+    for path in files:
+        stage = path.relative_to(r / "benchmarks").parts[0].removesuffix(".tsv")
+        jobs, seconds = want.get(stage, (0, 0.0))
+        want[stage] = (jobs + 1, seconds + float(pd.read_csv(path, sep="\t")["s"].iloc[0]))
+    assert {"extract_hidden_states", "train_draft", "benchmark"} <= set(want)
+    table = html_tables(r / "report" / "report.html")["table-stages"]
+    got = {row["stage"]: (int(row["jobs"]), float(str(row["seconds"]).replace(",", ""))) for _, row in table.iterrows()}
+    assert got.keys() == want.keys()
+    for stage, (jobs, seconds) in want.items():
+        assert got[stage][0] == jobs and got[stage][1] == pytest.approx(seconds, abs=0.01), stage
+    assert "From raw data to the benchmarked draft the jobs took" in (r / "report" / "report.md").read_text()
 
 
 def test_round_costs_reads_the_benchmarks_per_prompt_table(pipeline_run):

@@ -492,3 +492,21 @@ def test_snakemake_rule_and_report(inputs, tmp_path):
     for name in FIGURES:
         assert f"{name}.png" in text, name
     assert "Per-position acceptance." in text  # a caption rendered from docs/report_caption.rst
+
+
+def test_stage_times_name_a_file_that_is_not_a_benchmark_file(tmp_path):
+    from draftsmith.report.stage_times import stage_times
+
+    (tmp_path / "train_draft").mkdir()
+    (tmp_path / "train_draft" / "default.tsv").write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t-\n")
+    (tmp_path / "vocab_map.tsv").write_text("s\th:m:s\tmax_rss\n3\t0:00:03\t100.5\n")
+    (tmp_path / "report.tsv").write_text("s\n99\n")  # the report's own: an earlier run's, not a stage
+    stages = stage_times(tmp_path)
+    assert stages["stage"].tolist() == ["vocab_map", "train_draft"]  # the DAG's order
+    assert stages["seconds"].tolist() == [3.0, 12.5] and stages["peak memory MB"].iloc[0] == 100.5
+    assert stages["peak memory MB"].isna().iloc[1]  # "-": Snakemake could not measure it
+    broken = tmp_path / "benchmark" / "default.tsv"
+    broken.parent.mkdir()
+    broken.write_text("seconds\n1\n")
+    with pytest.raises(ValueError, match=f"{broken}: not a Snakemake benchmark file"):
+        stage_times(tmp_path)

@@ -44,6 +44,7 @@ from draftsmith.report.tables import (
     versions_table,
 )
 from draftsmith.report.learning_curve import learning_curve, report_table, write_csv
+from draftsmith.report.stage_times import stage_times, total_line
 from draftsmith.report.verdict import predicted_table, verdict_lines
 
 __all__ = ["FIGURES", "ReportInputError", "build_report", "fmt"]
@@ -52,11 +53,12 @@ log = logging.getLogger(__name__)
 
 
 def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, manifests, config, out_html, out_md,
-                 figures_dir, reference=(), out_csv=None) -> dict[str, pd.DataFrame]:
+                 figures_dir, reference=(), out_csv=None, benchmarks=None) -> dict[str, pd.DataFrame]:
     """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values).
 
     `reference`: the offline benchmark's summaries beside vllm ones (benchmark.offline_reference), shown side by side.
-    `out_csv`: where to write the learning curve (draftsmith.report.learning_curve) as CSV, the table `learning_curve`."""
+    `out_csv`: where to write the learning curve (draftsmith.report.learning_curve) as CSV, the table `learning_curve`.
+    `benchmarks`: the rules' Snakemake benchmark files (draftsmith.report.stage_times), the table `stages`."""
     out_html, out_md, figures_dir = Path(out_html), Path(out_md), Path(figures_dir)
     summary_by_variant, methods = load_summaries(summaries)
     per_prompt_df = load_per_prompt(per_prompt, set(summary_by_variant))
@@ -91,6 +93,10 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     }
     verdict = verdict_lines(summary_by_variant, methods, predicted, data_size)
     lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size, batch)
+    stages = stage_times(benchmarks) if benchmarks is not None else pd.DataFrame()
+    if not stages.empty:
+        tables["stages"] = stages
+        lines.append(total_line(stages))
     if reference:
         backends = backends_table(summaries, reference)
         tables["backends"] = backends.drop(columns="_differ")

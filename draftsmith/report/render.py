@@ -84,6 +84,10 @@ SECTIONS = [
 ]
 # sections shown only when their table exists, after the section named second
 OPTIONAL_SECTIONS = [
+    ("stages", "shards", "Time per stage",
+     "Each rule's jobs from Snakemake's benchmark files (benchmarks/ beside the results): their wall seconds summed "
+     "and the longest, and the largest peak resident memory of any of them. On one GPU (resources gpu=1) the GPU "
+     "stages run one at a time, so their sums are their share of the run's wall time."),
     ("backends", "summary", "Offline and vLLM acceptance side by side",
      "The same draft on the same prompts with draftsmith's offline loop and with vllm serve "
      "(benchmark.offline_reference); in float32 their draft and accept counters should be equal prompt by prompt."),
