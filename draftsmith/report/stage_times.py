@@ -57,6 +57,10 @@ def total_line(stages: pd.DataFrame) -> str | None:
     if stages.empty:
         return None
     top = stages.loc[stages["seconds"].idxmax()]
+
+    def jobs(n) -> str:
+        return f"{int(n)} job{'' if int(n) == 1 else 's'}"
+
     return (f"From raw data to the benchmarked draft the jobs took {stages['seconds'].sum():,.0f} s in all "
-            f"({int(stages['jobs'].sum())} jobs; the run's wall time is less where jobs ran side by side); the "
-            f"longest stage was {top['stage']} ({top['seconds']:,.0f} s over {int(top['jobs'])} jobs).")
+            f"({jobs(stages['jobs'].sum())}; the run's wall time is less where jobs ran side by side); the "
+            f"longest stage was {top['stage']} ({top['seconds']:,.0f} s, {jobs(top['jobs'])}).")
