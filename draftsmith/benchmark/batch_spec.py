@@ -133,8 +133,9 @@ class BatchTarget:
         self.rows = self.buffers.reserve(rows, length)
 
     @property
-    def lengths(self) -> torch.Tensor:
-        return self.rows.lengths
+    def starts(self) -> torch.Tensor:
+        """Each row's first slot (left padding before it) in the current batch."""
+        return self.rows.starts
 
     def start(self, prompts: list[list[int]], capacity: int, with_aux: bool = False):
         """New rows: run the left-padded prompts; each row's cache holds the prompts' width plus `capacity` slots.
@@ -143,7 +144,6 @@ class BatchTarget:
         width = self.prompt_ids.shape[1]
         self.reserve(len(prompts), width + capacity)
         self.rows.reset(starts, 0)
-        self.starts = self.rows.starts
         logits, aux = self._step(self.prompt_ids, keep=1, with_aux=with_aux)
         self.rows.reset(starts, width)
         return logits[:, -1], aux
