@@ -362,6 +362,21 @@ def extraction_gpus():
     return single_device_gpus(ext["device"])
 
 
+def extraction_threads():
+    """CPU threads of an extraction job: on a CPU its forward passes use them all (split among the shards); on a GPU it
+    needs its writer threads and one to feed the device, so CPU jobs of other datasets (prepare_dataset, token_freq,
+    vocab_map) run beside it instead of leaving the GPU idle afterwards."""
+    if extraction_gpus() > 0:
+        return min(workflow.cores, config["extraction"]["writer_threads"] + 2)
+    return max(1, workflow.cores // max(1, NUM_SHARDS))
+
+
+def dataset_priority(wildcards):
+    """Target-written datasets first: theirs is the longest chain (write prompts, answer them, prepare, extract), so it
+    starts at once rather than after every other dataset's jobs."""
+    return 1 if config["datasets"][wildcards.dataset]["source"] == "self" else 0
+
+
 def regenerate_gpus():
     regen = config["regenerate"]
     if regen["backend"] == "vllm":

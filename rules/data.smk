@@ -74,6 +74,7 @@ rule prepare_dataset:
         R / "logs" / "prepare_dataset" / "{dataset}.log",
     benchmark:
         R / "benchmarks" / "prepare_dataset" / "{dataset}.tsv"
+    priority: dataset_priority
     conda:
         "../envs/core.yaml"
     resources:
@@ -101,6 +102,7 @@ rule self_prompts:
         R / "logs" / "self_prompts" / "{dataset}.log",
     benchmark:
         R / "benchmarks" / "self_prompts" / "{dataset}.tsv"
+    priority: 1
     conda:
         "../envs/vllm.yaml"
         if config["regenerate"]["backend"] == "vllm"
@@ -134,6 +136,7 @@ rule regenerate:
         R / "logs" / "regenerate" / "{dataset}.log",
     benchmark:
         R / "benchmarks" / "regenerate" / "{dataset}.tsv"
+    priority: dataset_priority
     conda:
         "../envs/vllm.yaml"
         if config["regenerate"]["backend"] == "vllm"

@@ -9,11 +9,12 @@ rule extract_hidden_states:
         R / "logs" / "extract_hidden_states" / "{dataset}" / "shard_{shard}.log",
     benchmark:
         R / "benchmarks" / "extract_hidden_states" / "{dataset}" / "shard_{shard}.tsv"
+    priority: dataset_priority
     conda:
         "../envs/vllm.yaml"
         if config["extraction"]["backend"] == "vllm"
         else "../envs/core.yaml"
-    threads: max(1, workflow.cores // max(1, NUM_SHARDS))
+    threads: extraction_threads()
     resources:
         gpu=extraction_gpus(),
         mem_mb=16000,

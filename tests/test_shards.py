@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -30,6 +31,22 @@ class FailingExtractor(HFHiddenStateExtractor):
         if self.calls == self.fail_at:
             raise Interrupted("simulated kill")
         return super().forward(batch_ids)
+
+
+class NaNExtractor(HFHiddenStateExtractor):
+    """A target whose states turn NaN on its n-th batch (an fp16 overflow, a broken kernel)."""
+
+    def __init__(self, *args, nan_at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls, self.nan_at = 0, nan_at
+
+    def forward(self, batch_ids):
+        self.calls += 1
+        states = super().forward(batch_ids)
+        if self.calls == self.nan_at:
+            states = states.clone()
+            states[2, 0, 1, 3] = float("nan")  # the third layer, the first row, its second token
+        return states
 
 
 def run(tiny_target, tiny_samples, shard_dir, extractor=None, shard=0, num_shards=2):
@@ -130,3 +147,20 @@ def test_validator_names_shard_file_and_check(shard, tiny_samples, tmp_path, fau
     with pytest.raises(ShardError) as e:
         validate_shard(bad, read_samples(tiny_samples), deep=True)
     assert str(bad) in str(e.value) and entry["file"] in str(e.value) and check in str(e.value)
+
+
+def test_states_are_checked_before_they_are_written(tiny_target, tiny_samples, tmp_path):
+    """Extraction checks each sample's states in memory (not by reading the files back): a NaN stops the shard,
+    naming the file, the sample and the check, and no manifest is written; the samples written before it are kept."""
+    shard_dir = tmp_path / "shard_0"
+    with pytest.raises(ShardError) as failed:
+        run(tiny_target, tiny_samples, shard_dir,
+            extractor=NaNExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", nan_at=2))
+    message = str(failed.value)
+    assert str(shard_dir) in message and "finite: hidden_states[2] contains NaN" in message
+    assert re.search(r"data_\d+\.pt \(sample '[^']+'\)", message)
+    assert not (shard_dir / MANIFEST).exists()
+    journal = (shard_dir / JOURNAL).read_text().splitlines()[1:]
+    assert journal and all(sha256_file(shard_dir / json.loads(line)["file"]) == json.loads(line)["sha256"]
+                           for line in journal)
+    assert not (shard_dir / re.search(r"(data_\d+\.pt)", message).group(1)).exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -100,13 +101,16 @@ def load_manifest(shard_dir: str | Path) -> dict:
         raise ShardError(str(e)) from None
 
 
-def validate_shard(shard_dir: str | Path, samples: dict[str, list] | None = None, deep: bool = True) -> dict:
+def validate_shard(shard_dir: str | Path, samples: dict[str, list] | None = None, deep: bool = True,
+                   workers: int | None = None) -> dict:
     """Check a shard against its manifest; raise ShardError naming shard, file and check.
 
     Checks: every file exists with the recorded sha256; with `deep`, each file loads with
     the four states of shape [num_tokens, hidden] and the recorded dtype, finite, no
     all-zero layer, input_ids/loss_mask of the right length; with `samples` (the prepared
-    dataset), the sample ids, their order and the token ids echo the input.
+    dataset), the sample ids, their order and the token ids echo the input. Files are checked
+    by `workers` threads (default: one per core; hashing and loading release the GIL), and
+    the first failing file in the manifest's order is the one reported.
     """
     shard_dir = Path(shard_dir)
     manifest = load_manifest(shard_dir)
@@ -117,7 +121,8 @@ def validate_shard(shard_dir: str | Path, samples: dict[str, list] | None = None
     if expected_order is not None and [e["index"] for e in entries] != expected_order:
         raise ShardError(f"{shard_dir}: sample order: indices {[e['index'] for e in entries][:5]}... do not match the dataset's shard plan {expected_order[:5]}...")
     dtype = getattr(torch, manifest["dtype"])
-    for entry in entries:
+
+    def check(entry):
         path = shard_dir / entry["file"]
         where = f"{shard_dir}: {entry['file']}"
         if not path.exists():
@@ -130,6 +135,13 @@ def validate_shard(shard_dir: str | Path, samples: dict[str, list] | None = None
         if deep:
             check_sample(path, where, entry["num_tokens"], manifest["hidden_size"], dtype,
                          samples["input_ids"][entry["index"]] if samples is not None else None)
+
+    pool = ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 1))
+    try:
+        for future in [pool.submit(check, entry) for entry in entries]:
+            future.result()  # in manifest order: the first failing file is the one named
+    finally:
+        pool.shutdown(cancel_futures=True)
     return manifest
 
 
@@ -141,17 +153,25 @@ def check_sample(path: Path, where: str, num_tokens: int, hidden_size: int, dtyp
     for key in ("input_ids", "hidden_states", "loss_mask"):
         if key not in data:
             raise ShardError(f"{where}: format: missing key {key!r}")
-    states = data["hidden_states"]
-    if len(states) != NUM_STATES:
-        raise ShardError(f"{where}: format: {len(states)} hidden-state tensors, expected {NUM_STATES}")
     if data["input_ids"].shape != (num_tokens,) or data["loss_mask"].shape != (num_tokens,):
         raise ShardError(f"{where}: shape: input_ids/loss_mask length differs from num_tokens={num_tokens}")
     if input_ids is not None and data["input_ids"].tolist() != list(input_ids):
         raise ShardError(f"{where}: token ids: stored input_ids differ from the prepared sample")
+    check_states(data["hidden_states"], where, num_tokens, hidden_size, dtype)
+
+
+def check_states(states: list[torch.Tensor], where: str, num_tokens: int, hidden_size: int | None = None,
+                 dtype: torch.dtype | None = None):
+    """A sample's hidden states: four of shape [num_tokens, hidden_size] (when given; else one width for all four),
+    of `dtype` (when given), finite, and no layer all zeros. Extraction runs it on the states in memory before
+    writing them; `check_sample` on a file read back."""
+    if len(states) != NUM_STATES:
+        raise ShardError(f"{where}: format: {len(states)} hidden-state tensors, expected {NUM_STATES}")
+    hidden_size = hidden_size if hidden_size is not None else states[0].shape[-1]
     for layer, state in enumerate(states):
         if tuple(state.shape) != (num_tokens, hidden_size):
             raise ShardError(f"{where}: shape: hidden_states[{layer}] is {tuple(state.shape)}, expected ({num_tokens}, {hidden_size})")
-        if state.dtype != dtype:
+        if dtype is not None and state.dtype != dtype:
             raise ShardError(f"{where}: dtype: hidden_states[{layer}] is {state.dtype}, manifest says {dtype}")
         if not torch.isfinite(state).all():
             raise ShardError(f"{where}: finite: hidden_states[{layer}] contains NaN or Inf")

@@ -1,0 +1,51 @@
+"""How the workflow orders a one-GPU run (dry runs of the shipped SmolLM2 configs): the target-written dataset's chain
+first, and GPU extraction jobs leaving cores to the CPU jobs beside them."""
+
+import re
+import subprocess
+
+from conftest import REPO, SNAKEMAKE
+
+from draftsmith.config.workflow import load_config
+
+CONFIGS = [REPO / "config" / "gpu-smollm2.yaml", REPO / "config" / "overlays" / "smollm2-50k.yaml"]
+
+
+def field(block: str, name: str, default: str) -> str:
+    found = re.search(rf"^\s+{name}: (.*)$", block, re.M)
+    return found.group(1) if found else default
+
+
+def planned_jobs(tmp_path, cores: int) -> list[dict]:
+    """Each job of a dry run: its rule, wildcards, threads and priority (0 where Snakemake prints none)."""
+    overlay = tmp_path / "results.yaml"
+    overlay.write_text(f"results: {tmp_path / 'results'}\n")
+    proc = subprocess.run([SNAKEMAKE, "-n", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--cores",
+                           str(cores), "--resources", "gpu=1", "--configfile", *map(str, CONFIGS), str(overlay)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", proc.stdout + proc.stderr):
+        rule = re.match(r"(?:local)?rule (\w+):", block)
+        if rule:
+            wildcards = field(block, "wildcards", "")
+            jobs.append({"rule": rule.group(1), "wildcards": dict(kv.split("=") for kv in wildcards.split(", ") if kv),
+                         "threads": int(field(block, "threads", "1")), "priority": int(field(block, "priority", "0"))})
+    return jobs
+
+
+def test_the_target_written_chain_goes_first_and_gpu_extraction_leaves_cores_free(tmp_path):
+    config = load_config(CONFIGS)
+    written = {name for name, spec in config["datasets"].items() if spec["source"] == "self"}
+    assert written == {"written"}
+    jobs = planned_jobs(tmp_path, cores=16)
+    chain = ("self_prompts", "regenerate", "prepare_dataset", "extract_hidden_states")
+    first = {(j["rule"], j["wildcards"].get("dataset")) for j in jobs if j["priority"] > 0}
+    assert first == {(rule, "written") for rule in chain}, first
+    assert {j["wildcards"]["dataset"] for j in jobs if j["rule"] == "regenerate" and j["priority"] == 0} \
+        == set(config["datasets"]) - written
+    extraction = [j for j in jobs if j["rule"] == "extract_hidden_states"]
+    assert len(extraction) == len(config["datasets"])
+    # on the GPU (extraction.device cuda) a job takes its writer threads and one more for the device, not all 16
+    assert {j["threads"] for j in extraction} == {config["extraction"]["writer_threads"] + 2}
+    assert {j["threads"] for j in jobs if j["rule"] == "train_draft"} == {16}
