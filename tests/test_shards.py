@@ -3,7 +3,7 @@ import re
 
 import pytest
 import torch
-from conftest import hf_backend
+from conftest import hf_backend, load_perf_script
 
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.driver import extract_shard
@@ -116,6 +116,7 @@ def test_a_shard_started_with_other_inputs_starts_over(tiny_target, tiny_samples
     ("flip_byte", "checksum"),
     ("delete", "missing file"),
     ("nan", "finite"),
+    ("inf", "finite"),
     ("zeros", "non-zero"),
     ("wrong_ids", "token ids"),
 ])
@@ -135,8 +136,8 @@ def test_validator_names_shard_file_and_check(shard, tiny_samples, tmp_path, fau
         path.unlink()
     else:
         data = torch.load(path, weights_only=True)
-        if fault == "nan":
-            data["hidden_states"][1][3, 5] = float("nan")
+        if fault in ("nan", "inf"):
+            data["hidden_states"][1][3, 5] = float(fault)
         elif fault == "zeros":
             data["hidden_states"][0].zero_()
         else:
@@ -164,3 +165,16 @@ def test_states_are_checked_before_they_are_written(tiny_target, tiny_samples, t
     assert journal and all(sha256_file(shard_dir / json.loads(line)["file"]) == json.loads(line)["sha256"]
                            for line in journal)
     assert not (shard_dir / re.search(r"(data_\d+\.pt)", message).group(1)).exists()
+
+
+def test_shard_check_speed_script_times_every_check_on_a_real_format_shard(tmp_path):
+    """perf/shard_check_speed.py writes a shard with the extraction's writer and times each check on it: every check
+    passes on it (a failing check would raise), and the table has one row per check."""
+    module = load_perf_script("shard_check_speed")
+    table = tmp_path / "checks.md"
+    module.main(["--samples", "6", "--tokens", "48", "--hidden", "32", "--dir", str(tmp_path), "--table", str(table)])
+    text = table.read_text()
+    assert "6 samples x 48 tokens x 4 x 32 bf16" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "seconds" not in line]
+    assert len(rows) == 4 and all(float(row.split("|")[2]) > 0 for row in rows)
+    assert not list(tmp_path.glob("tmp*")), "the shard is removed afterwards"
