@@ -19,31 +19,20 @@ class Interrupted(RuntimeError):
     pass
 
 
-class FailingExtractor(HFHiddenStateExtractor):
-    """Dies on its n-th batch, like a job killed mid-shard."""
+class FaultyExtractor(HFHiddenStateExtractor):
+    """On its n-th batch either dies, like a job killed mid-shard (`kill`), or returns states with a NaN (`nan`: an
+    fp16 overflow, a broken kernel)."""
 
-    def __init__(self, *args, fail_at: int, **kwargs):
+    def __init__(self, *args, fault_at: int, fault: str = "kill", **kwargs):
         super().__init__(*args, **kwargs)
-        self.calls, self.fail_at = 0, fail_at
+        self.calls, self.fault_at, self.fault = 0, fault_at, fault
 
     def forward(self, batch_ids):
         self.calls += 1
-        if self.calls == self.fail_at:
+        if self.calls == self.fault_at and self.fault == "kill":
             raise Interrupted("simulated kill")
-        return super().forward(batch_ids)
-
-
-class NaNExtractor(HFHiddenStateExtractor):
-    """A target whose states turn NaN on its n-th batch (an fp16 overflow, a broken kernel)."""
-
-    def __init__(self, *args, nan_at: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.calls, self.nan_at = 0, nan_at
-
-    def forward(self, batch_ids):
-        self.calls += 1
         states = super().forward(batch_ids)
-        if self.calls == self.nan_at:
+        if self.calls == self.fault_at and self.fault == "nan":
             states = states.clone()
             states[2, 0, 1, 3] = float("nan")  # the third layer, the first row, its second token
         return states
@@ -89,7 +78,7 @@ def test_speculators_dataset_reads_the_shard(shard):
 
 def test_interrupted_shard_resumes_and_is_byte_identical(tiny_target, tiny_samples, shard, tmp_path):
     shard_dir = tmp_path / "shard_0"
-    failing = FailingExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", fail_at=3)
+    failing = FaultyExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", fault_at=3)
     with pytest.raises(Interrupted):
         run(tiny_target, tiny_samples, shard_dir, extractor=failing)
     assert not (shard_dir / MANIFEST).exists() and (shard_dir / JOURNAL).exists()
@@ -104,7 +93,7 @@ def test_interrupted_shard_resumes_and_is_byte_identical(tiny_target, tiny_sampl
 
 def test_a_shard_started_with_other_inputs_starts_over(tiny_target, tiny_samples, tmp_path):
     shard_dir = tmp_path / "shard_1"
-    failing = FailingExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", fail_at=2)
+    failing = FaultyExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", fault_at=2)
     with pytest.raises(Interrupted):
         run(tiny_target, tiny_samples, shard_dir, extractor=failing, shard=1, num_shards=2)
     manifest = run(tiny_target, tiny_samples, shard_dir, shard=1, num_shards=3)
@@ -156,7 +145,8 @@ def test_states_are_checked_before_they_are_written(tiny_target, tiny_samples, t
     shard_dir = tmp_path / "shard_0"
     with pytest.raises(ShardError) as failed:
         run(tiny_target, tiny_samples, shard_dir,
-            extractor=NaNExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", nan_at=2))
+            extractor=FaultyExtractor(str(tiny_target), AUX, device="cpu", dtype="float32", fault_at=2,
+                                      fault="nan"))
     message = str(failed.value)
     assert str(shard_dir) in message and "finite: hidden_states[2] contains NaN" in message
     assert re.search(r"data_\d+\.pt \(sample '[^']+'\)", message)
