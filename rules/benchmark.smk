@@ -35,6 +35,7 @@ rule benchmark:
         R / "logs" / "benchmark" / "{variant}.log",
     benchmark:
         R / "benchmarks" / "benchmark" / "{variant}.tsv"
+    priority: variant_priority
     conda:
         "../envs/vllm.yaml"
         if config["benchmark"]["backend"] == "vllm"

@@ -377,6 +377,13 @@ def dataset_priority(wildcards):
     return 1 if config["datasets"][wildcards.dataset]["source"] == "self" else 0
 
 
+def variant_priority(wildcards):
+    """The first variant listed (the default's full recipe) is trained and benchmarked before the others (the smaller
+    variants of a learning curve): a run cut short still has its main result. Snakemake's --prioritize would instead
+    give every job the target needs the same top priority, undoing dataset_priority."""
+    return 1 if wildcards.variant == next(iter(config["variants"])) else 0
+
+
 def regenerate_gpus():
     regen = config["regenerate"]
     if regen["backend"] == "vllm":

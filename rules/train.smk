@@ -13,6 +13,7 @@ rule train_draft:
         R / "logs" / "train_draft" / "{variant}.log",
     benchmark:
         R / "benchmarks" / "train_draft" / "{variant}.tsv"
+    priority: variant_priority
     conda:
         "../envs/core.yaml"
     threads: workflow.cores

@@ -425,6 +425,12 @@ def test_data_table_shows_what_regenerate_dropped(tmp_path):
                                   "loss", "train tokens", "acceptance length", "datasets"])
     line = next(x for x in findings({}, empty, stats, empty, empty, empty) if x.startswith("Training data"))
     assert "44 conversations kept of 50 read (4 prompts dropped before the target answered, 2 skipped)" in line
+    assert "answered n times" not in line
+    # two answers per prompt (regenerate.samples_per_prompt: 2): more kept than read, and the line says why
+    doubled = stats.assign(records_kept=stats["records_kept"] * 2)
+    line = next(x for x in findings({}, empty, doubled, empty, empty, empty) if x.startswith("Training data"))
+    assert "88 conversations kept of 50 read (4 prompts dropped before the target answered, 2 skipped; a prompt " \
+           "answered n times counts once read and n times kept)" in line
     plot_data_stats(stats, tmp_path / "data_stats.png")
     assert (tmp_path / "data_stats.png").read_bytes().startswith(PNG_MAGIC)
     write_json(paths[0], prepared_stats("chat", 36, 35, {}, {"prompts_dropped": 4}))

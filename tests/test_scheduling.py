@@ -1,5 +1,6 @@
 """How the workflow orders a one-GPU run (dry runs of the shipped SmolLM2 configs): the target-written dataset's chain
-first, and GPU extraction jobs leaving cores to the CPU jobs beside them."""
+first, GPU extraction jobs leaving cores to the CPU jobs beside them, and the first variant trained and benchmarked
+before the learning curve's smaller ones."""
 
 import re
 import subprocess
@@ -40,8 +41,10 @@ def test_the_target_written_chain_goes_first_and_gpu_extraction_leaves_cores_fre
     assert written == {"written"}
     jobs = planned_jobs(tmp_path, cores=16)
     chain = ("self_prompts", "regenerate", "prepare_dataset", "extract_hidden_states")
-    first = {(j["rule"], j["wildcards"].get("dataset")) for j in jobs if j["priority"] > 0}
-    assert first == {(rule, "written") for rule in chain}, first
+    first = {(j["rule"], j["wildcards"].get("dataset") or j["wildcards"].get("variant"))
+             for j in jobs if j["priority"] > 0}
+    assert first == {(rule, "written") for rule in chain} | {("train_draft", "default"), ("benchmark", "default")}, first
+    assert list(config["variants"])[0] == "default" and len(config["variants"]) == 3
     assert {j["wildcards"]["dataset"] for j in jobs if j["rule"] == "regenerate" and j["priority"] == 0} \
         == set(config["datasets"]) - written
     extraction = [j for j in jobs if j["rule"] == "extract_hidden_states"]

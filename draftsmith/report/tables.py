@@ -356,9 +356,12 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
         skipped = int(stats["records_skipped"].sum())
         dropped = int(stats["dropped_by_regenerate"].sum())
         before = f"{fmt(dropped)} prompts dropped before the target answered, " if dropped else ""
+        kept, read = int(stats["records_kept"].sum()), int(stats["records_read"].sum())
+        # regenerate.samples_per_prompt > 1: each prompt read gives several answers, so more are kept than read
+        several = "; a prompt answered n times counts once read and n times kept" if kept > read else ""
         lines.append(
-            f"Training data: {fmt(int(stats['records_kept'].sum()))} conversations kept of "
-            f"{fmt(int(stats['records_read'].sum()))} read ({before}{fmt(skipped)} skipped) from "
+            f"Training data: {fmt(kept)} conversations kept of "
+            f"{fmt(read)} read ({before}{fmt(skipped)} skipped{several}) from "
             f"{', '.join(f'`{d}`' for d in stats['dataset'])}: {fmt(int(stats['tokens'].sum()))} tokens, "
             f"{fmt(int(stats['assistant_tokens'].sum()))} of them assistant tokens the draft learns from.")
     for r in training_table(metrics).to_dict("records"):
