@@ -14,6 +14,7 @@
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
+#                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
 #                                # TRAINING_PERF=1: then training throughput on its shards; the workflow's own
 #                                # priorities order the jobs: the target-written data first, the first variant
 #                                # benchmarked before the others. Snakemake's --prioritize would undo the first)
@@ -108,6 +109,17 @@ smollm2)
     $res/draft/*/training_data.json $res/prepared/*/stats.json \
     $(ls $res/data/*/*.stats.json 2>/dev/null) \
     $res/target/draftsmith_provenance.json $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
+  if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # the first variant's draft again, in float32: lossless?
+    # (after $res.tgz took the bf16 results: this run replaces that variant's benchmark outputs)
+    first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" \
+      config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-})
+    printf 'benchmark:\n  dtype: float32\n' > /tmp/fp32-overlay.yaml
+    timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
+      "$overlay" ${EXTRA_CONFIG:-} /tmp/fp32-overlay.yaml --resources gpu=1 "$res/benchmark/$first/summary.json" \
+      > /tmp/snakemake-fp32.log 2>&1 || status=$?
+    tail -n 5 /tmp/snakemake-fp32.log
+    tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true
+  fi
   if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then  # training throughput on these shards
     python3 perf/training_throughput.py --results "$res" --min-steps 100 --total-seq-length 8192 \
       --table "$OUT/training.md" 2>&1 | tail -n 12

@@ -378,10 +378,11 @@ def dataset_priority(wildcards):
 
 
 def variant_priority(wildcards):
-    """The first variant listed (the default's full recipe) is trained and benchmarked before the others (the smaller
-    variants of a learning curve): a run cut short still has its main result. Snakemake's --prioritize would instead
-    give every job the target needs the same top priority, undoing dataset_priority."""
-    return 1 if wildcards.variant == next(iter(config["variants"])) else 0
+    """Variants are trained and benchmarked in the order the config lists them (the first highest), so a run cut short
+    has the first ones' results: list the main recipe first, then the comparisons. Snakemake's --prioritize would
+    instead give every job the target needs the same top priority, undoing dataset_priority."""
+    names = list(config["variants"])
+    return len(names) - names.index(wildcards.variant)
 
 
 def regenerate_gpus():

@@ -43,6 +43,17 @@ def test_the_scale_overlay_validates_on_top_of_its_base():
     assert config["results"] == "results-smollm2-50k" and set(config["variants"]) == {"default", "data_20", "data_03"}
 
 
+def test_the_longer_training_overlay_changes_only_the_training_schedule():
+    base = [REPO / "config" / "gpu-smollm2.yaml", REPO / "config" / "overlays" / "smollm2-50k.yaml"]
+    before, after = load_config(base), load_config([*base, REPO / "config" / "overlays" / "smollm2-50k-longer.yaml"])
+    assert (after["training"]["epochs"], after["training"]["total_seq_length"]) == (4, 16384)
+    # the same optimizer steps: twice the epochs over batches twice as large
+    assert after["training"]["epochs"] / after["training"]["total_seq_length"] == \
+        before["training"]["epochs"] / before["training"]["total_seq_length"]
+    after["training"].update(epochs=before["training"]["epochs"], total_seq_length=before["training"]["total_seq_length"])
+    assert after == before
+
+
 def test_the_batch_sweep_overlay_validates_on_top_of_its_base():
     from draftsmith.benchmark.batch_sizes import batch_size_problems, batch_sizes
 
