@@ -380,7 +380,8 @@ def dataset_priority(wildcards):
 def variant_priority(wildcards):
     """Variants are trained and benchmarked in the order the config lists them (the first highest), so a run cut short
     has the first ones' results: list the main recipe first, then the comparisons. Snakemake's --prioritize would
-    instead give every job the target needs the same top priority, undoing dataset_priority."""
+    instead give every job the target needs the same top priority, undoing dataset_priority.
+    """
     names = list(config["variants"])
     return len(names) - names.index(wildcards.variant)
 
