@@ -15,6 +15,10 @@
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
+#                                # the target's answers come back as $res-data.txz.part_*: join and unpack them on
+#                                # this machine and carry that folder, ignored by git, e.g. .carried/ (CARRIED_DATA=
+#                                # .carried/$res/data/regenerated: those files as local datasets, so the next run
+#                                # skips self_prompts and regenerate and trains on the same answers);
 #                                # TRAINING_PERF=1: then training throughput on its shards; the workflow's own
 #                                # priorities order the jobs: the target-written data first, the first variant
 #                                # benchmarked before the others. Snakemake's --prioritize would undo the first)
@@ -67,8 +71,10 @@ poll)
   if [ -f /tmp/suite-out/done ]; then echo "finished, exit $(cat /tmp/suite-out/done)"; else echo "still running"; fi
   log=/tmp/suite-out/snakemake.log
   [ ! -f "$log" ] || grep -E "Finished jobid|^localrule|^rule |Error" "$log" | tail -n 12
-  cp -r /tmp/suite-out/. "$OUT/" 2>/dev/null || true
-  tar czf "$OUT/partial.tgz" $(ls -d results-*/logs results-*/benchmarks results-*/data/*/*.stats.json \
+  # a call brings back at most 8 files: the run's own (at most 7 with FP32_CHECK and the data parts), or while it
+  # still runs, what it has so far in partial.tgz
+  (cd /tmp/suite-out && for f in *; do [ "$f" = done ] || cp -r "$f" "$OUT/"; done) 2>/dev/null || true
+  [ ! -f /tmp/suite-out/done ] && tar czf "$OUT/partial.tgz" $(ls -d results-*/logs results-*/benchmarks results-*/data/*/*.stats.json \
     results-*/draft/*/metrics.csv results-*/draft/*/training_data.json results-*/draft/*/config.json \
     results-*/shards/*/*/manifest.json results-*/benchmark/*/summary.json \
     results-*/benchmark/*/per_prompt.csv results-*/report results-*/prepared/*/stats.json 2>/dev/null) || true
@@ -98,6 +104,9 @@ smollm2)
   overlay=/tmp/smollm2-overlay.yaml
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
+  if [ -n "${CARRIED_DATA:-}" ]; then  # the answers an earlier run wrote, as local datasets: no self_prompts, no regenerate
+    python3 perf/carried_overlay.py "$CARRIED_DATA" >> "$overlay"
+  fi
   res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
@@ -109,6 +118,10 @@ smollm2)
     $res/draft/*/training_data.json $res/prepared/*/stats.json \
     $(ls $res/data/*/*.stats.json 2>/dev/null) \
     $res/target/draftsmith_provenance.json $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
+  if [ -z "${CARRIED_DATA:-}" ] && ls $res/data/regenerated/*.jsonl > /dev/null 2>&1; then  # for CARRIED_DATA next time
+    tar cf - $res/data/regenerated $(ls -d $res/data/self 2>/dev/null) | xz -T0 -6 > /tmp/data.txz
+    split -b 15m -d /tmp/data.txz "$OUT/$res-data.txz.part_" && ls -l "$OUT/$res-data.txz.part_"*
+  fi
   if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # the first variant's draft again, in float32: lossless?
     # (after $res.tgz took the bf16 results: this run replaces that variant's benchmark outputs)
     first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" \

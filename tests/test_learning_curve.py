@@ -100,3 +100,23 @@ def test_perf_script_writes_the_same_curve_from_the_results_tree(curve_run, tmp_
     pd.testing.assert_frame_equal(ours, report)
     assert all(v in printed for v in VARIANTS) and "predicted_acceptance_length" in printed
     assert json.loads(ours.to_json(orient="records"))[0]["variant"] == "data_10"  # the smallest first
+
+
+def test_partial_report_of_a_run_cut_short_before_one_variants_benchmark(curve_run, tmp_path, capsys):
+    """perf/partial_report.py: the same report from a results tree where one variant was trained but not benchmarked
+    (a GPU session that ran out): its curve row keeps the validation prediction and has no measurement."""
+    results = tmp_path / "results"
+    shutil.copytree(curve_run, results)
+    shutil.rmtree(results / "benchmark" / "data_30")
+    load_perf_script("partial_report").main(["--results", str(results), "--out", str(tmp_path / "report"),
+                                             "--configfile", str(curve_run.parent / "config.yaml")])
+    assert "not benchmarked: data_30" in capsys.readouterr().out
+    partial = pd.read_csv(tmp_path / "report" / "learning_curve.csv").set_index("variant")
+    full = pd.read_csv(curve_run / "report" / "learning_curve.csv").set_index("variant")
+    assert sorted(partial.index) == sorted(VARIANTS)
+    assert pd.isna(partial.loc["data_30", "acceptance_length"]) and pd.isna(partial.loc["data_30", "speedup"])
+    assert partial.loc["data_30", "predicted_acceptance_length"] == full.loc["data_30", "predicted_acceptance_length"]
+    # (check_dtype: a column with the missing row's NaN in it reads back as float)
+    pd.testing.assert_frame_equal(partial.drop(index="data_30"), full.drop(index="data_30"), check_dtype=False)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Learning curve" in md and "`data_30`" not in md.split("## Benchmark summary", 1)[1].split("\n## ", 1)[0]

@@ -5,6 +5,7 @@ order listed (the main recipe before the learning curve's smaller ones)."""
 import re
 import subprocess
 
+import yaml
 from conftest import REPO, SNAKEMAKE
 
 from draftsmith.config.workflow import load_config
@@ -17,12 +18,12 @@ def field(block: str, name: str, default: str) -> str:
     return found.group(1) if found else default
 
 
-def planned_jobs(tmp_path, cores: int) -> list[dict]:
+def planned_jobs(tmp_path, cores: int, extra=()) -> list[dict]:
     """Each job of a dry run: its rule, wildcards, threads and priority (0 where Snakemake prints none)."""
     overlay = tmp_path / "results.yaml"
     overlay.write_text(f"results: {tmp_path / 'results'}\n")
     proc = subprocess.run([SNAKEMAKE, "-n", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--cores",
-                           str(cores), "--resources", "gpu=1", "--configfile", *map(str, CONFIGS), str(overlay)],
+                           str(cores), "--resources", "gpu=1", "--configfile", *map(str, CONFIGS), *map(str, extra), str(overlay)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = []
@@ -56,3 +57,26 @@ def test_the_target_written_chain_goes_first_and_gpu_extraction_leaves_cores_fre
     # on the GPU (extraction.device cuda) a job takes its writer threads and one more for the device, not all 16
     assert {j["threads"] for j in extraction} == {config["extraction"]["writer_threads"] + 2}
     assert {j["threads"] for j in jobs if j["rule"] == "train_draft"} == {16}
+
+
+def test_carried_answers_replace_self_prompts_and_regenerate(tmp_path):
+    """perf/carried_overlay.py: regenerate's answers from an earlier run, as local datasets of the same names, are what
+    prepare_dataset reads (the same file a regenerated dataset is prepared from); no job writes prompts or answers."""
+    from conftest import load_perf_script
+
+    config = load_config(CONFIGS)
+    folder = tmp_path / "carried"
+    folder.mkdir()
+    for name in config["datasets"]:
+        (folder / f"{name}.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                                              '{"role": "assistant", "content": "hello"}]}\n')
+    carried = load_perf_script("carried_overlay").carried_datasets(folder)
+    overlay = tmp_path / "carried.yaml"
+    overlay.write_text(yaml.safe_dump(carried))
+    jobs = planned_jobs(tmp_path, cores=16, extra=[overlay])
+    rules = {j["rule"] for j in jobs}
+    assert not rules & {"self_prompts", "regenerate", "make_synthetic_corpus"}, rules
+    assert {j["wildcards"]["dataset"] for j in jobs if j["rule"] == "prepare_dataset"} == set(config["datasets"])
+    merged = load_config([*CONFIGS, overlay])["datasets"]
+    assert {(d["source"], d["path"], d["regenerate"]) for d in merged.values()} == \
+        {("local", str(folder / f"{name}.jsonl"), False) for name in config["datasets"]}
