@@ -1,0 +1,106 @@
+"""What one target step costs at each width the offline benchmark's loops run (1 token: target-only greedy; 2..k+1:
+a verification of 1..k drafts, with the auxiliary states EAGLE-3 needs), with each SDPA backend PyTorch can capture
+the step with: where a verification's extra cost over a decode step comes from, and whether another backend removes it.
+
+On one H100 (docs/BENCHMARKS.md, thirteenth session) SmolLM2-135M's prompt-lookup rounds, which draft nothing on the
+device, cost 17% more than its one-token steps: that width penalty, not the draft, is most of the gap between the
+cost model's 1.65x and the measured 1.45x. Each backend's steps are captured as CUDA graphs on a CUDA device (as the
+benchmark runs them) and run eagerly on a CPU; a backend that cannot run the step is reported as unavailable.
+
+    python perf/step_widths.py --target results-smollm2-50k/target --k 3 --table perf/results/step_widths.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from draftsmith.benchmark.spec_decode import TargetModel, synchronize
+from draftsmith.devices import resolve_dtype
+from draftsmith.io import write_text
+from draftsmith.target_model.layers import default_aux_layer_ids, text_config
+from draftsmith.target_model.spec import TargetSpec
+
+BACKENDS = {"default choice": None, "math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
+    """Median ms of one step of `width` tokens after the prompt (the loops' way: forward, argmax, one host sync)."""
+    cached = runner.length
+    ids = torch.zeros((1, width), dtype=torch.long, device=runner.device)
+    with_aux = width > 1 and bool(runner.aux_layer_ids)
+    times = []
+    for i in range(repeats + 1):  # the first call captures the step's graph
+        synchronize(runner.device)
+        start = time.perf_counter()
+        runner.forward(ids, keep=width, with_aux=with_aux)[0].argmax(-1).tolist()
+        synchronize(runner.device)
+        if i:
+            times.append(time.perf_counter() - start)
+        runner.rewind(cached)
+    return 1000 * statistics.median(times)
+
+
+@torch.inference_mode()
+def widths_table(model, k: int, prompt_tokens: int, repeats: int, backends=BACKENDS) -> list[dict]:
+    device = next(model.parameters()).device
+    aux = default_aux_layer_ids(text_config(model.config).num_hidden_layers)
+    rows = []
+    for name, backend in backends.items():
+        row = {"SDPA backend": name}
+        try:
+            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                runner = TargetModel(model, aux, cuda_graphs=device.type == "cuda")
+                runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
+                for width in range(1, k + 2):
+                    row[f"width {width} ms"] = round(step_ms(runner, width, repeats), 3)
+            row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
+        except RuntimeError as e:  # the backend cannot run these shapes (or this device)
+            row["unavailable"] = str(e).splitlines()[0][:120]
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], caption: str) -> str:
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    lines = [caption, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", required=True, help="a target model directory (a results tree's target/)")
+    ap.add_argument("--k", type=int, default=3, help="draft tokens per round: widths 1..k+1 are timed")
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--table", required=True, help="the Markdown table to write")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    model = TargetSpec(args.target).load_causal_lm(dtype).to(device).eval()
+    rows = widths_table(model, args.k, args.prompt_tokens, args.repeats)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    caption = (f"Target step cost by width, {args.target}, {args.prompt_tokens}-token context, {dtype}, median of "
+               f"{args.repeats} steps, {'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch "
+               f"{torch.__version__}. Width 1 is a target-only greedy step; width k + 1 a verification with the "
+               "auxiliary states.")
+    text = markdown(rows, caption)
+    write_text(args.table, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
