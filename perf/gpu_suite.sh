@@ -17,7 +17,8 @@
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
-#                                # the target's answers come back as $res-data.txz.part_*: join and unpack them on
+#                                # the target's answers come back (with `poll`, as soon as all are written) as
+#                                # $res-data.txz.part_*: join (cat) and unpack them on
 #                                # this machine and carry that folder, ignored by git, e.g. .carried/ (CARRIED_DATA=
 #                                # .carried/$res/data/regenerated: those files as local datasets, so the next run
 #                                # skips self_prompts and regenerate and trains on the same answers);
@@ -42,6 +43,15 @@ setup() {  # the carried wheels and the device's description (not needed to laun
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # recompiles of the draft's compiled forward show in the train rule's log
 case "${1:-pipeline}" in launch|poll) ;; *) setup ;; esac
+
+pack_answers() {  # regenerate's answers in $1 (a results dir), xz-compressed in 15 MB parts into $2, once all exist
+  # (the vocabulary map needs every dataset prepared, so every regenerate job has finished by then)
+  local res=$1 out=$2
+  if [ -f "$res/vocab/d2t.npy" ] && ! ls "$out/$res-data.txz.part_"* > /dev/null 2>&1 && ls "$res"/data/regenerated/*.jsonl > /dev/null 2>&1; then
+    tar cf - "$res/data/regenerated" $(ls -d "$res/data/self" 2>/dev/null) | xz -T4 -6 > /tmp/data.txz
+    split -b 15m -d /tmp/data.txz "$out/$res-data.txz.part_" && ls -l "$out/$res-data.txz.part_"*
+  fi
+}
 
 round_costs() {  # where the benchmark's time went, per method (first-of-a-length prompts vs the rest)
   local csv=$1/benchmark/default/per_prompt.csv
@@ -71,6 +81,9 @@ poll)
   end=$(( SECONDS + ${POLL_SECONDS:-540} ))
   while [ $SECONDS -lt $end ] && [ ! -f /tmp/suite-out/done ]; do sleep 5; done
   if [ -f /tmp/suite-out/done ]; then echo "finished, exit $(cat /tmp/suite-out/done)"; else echo "still running"; fi
+  if [ -z "${CARRIED_DATA:-}" ]; then  # the answers as soon as they are all written: a run cut short still brings them
+    for res in $(ls -d results-* 2>/dev/null); do pack_answers "$res" /tmp/suite-out || true; done
+  fi
   log=/tmp/suite-out/snakemake.log
   [ ! -f "$log" ] || grep -E "Finished jobid|^localrule|^rule |Error" "$log" | tail -n 12
   # a call brings back at most 8 files: the run's own (at most 7 with FP32_CHECK and the data parts), or while it
@@ -124,10 +137,7 @@ smollm2)
     $res/draft/*/training_data.json $res/prepared/*/stats.json \
     $(ls $res/data/*/*.stats.json 2>/dev/null) \
     $res/target/draftsmith_provenance.json $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
-  if [ -z "${CARRIED_DATA:-}" ] && ls $res/data/regenerated/*.jsonl > /dev/null 2>&1; then  # for CARRIED_DATA next time
-    tar cf - $res/data/regenerated $(ls -d $res/data/self 2>/dev/null) | xz -T0 -6 > /tmp/data.txz
-    split -b 15m -d /tmp/data.txz "$OUT/$res-data.txz.part_" && ls -l "$OUT/$res-data.txz.part_"*
-  fi
+  [ -n "${CARRIED_DATA:-}" ] || pack_answers "$res" "$OUT"
   if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # the first variant's draft again, in float32: lossless?
     # (after $res.tgz took the bf16 results: this run replaces that variant's benchmark outputs)
     first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" \
