@@ -15,7 +15,7 @@
 #                                # $OUT and the partial results (logs, benchmarks, stats, metrics) so far
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
-#                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG=file: one more config file on top;
+#                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG="file ...": more config files on top;
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
 #                                # the target's answers come back (with `poll`, as soon as all are written) as
 #                                # $res-data.txz.part_*: join (cat) and unpack them on
