@@ -32,6 +32,9 @@ from draftsmith.target_model.spec import TargetSpec
 
 BACKENDS = {"default choice": None, "math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION}
+# A decode step's GEMMs have M = 1 (matrix-vector kernels) and a verification's M = k + 1: cuBLAS picks different
+# kernels for them. On CUDA the default SDPA choice is timed once more with cuBLASLt's kernels.
+BLAS_ROW = "default choice, cuBLASLt"
 
 
 def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
@@ -51,15 +54,32 @@ def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+@contextlib.contextmanager
+def blas_library(name: str | None):
+    """cuBLAS or cuBLASLt for the GEMMs run (and captured) inside; None leaves PyTorch's choice."""
+    if name is None:
+        yield
+        return
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
 @torch.inference_mode()
 def widths_table(model, k: int, prompt_tokens: int, repeats: int, backends=BACKENDS) -> list[dict]:
     device = next(model.parameters()).device
     aux = default_aux_layer_ids(text_config(model.config).num_hidden_layers)
+    settings = [(name, backend, None) for name, backend in backends.items()]
+    if device.type == "cuda":
+        settings.append((BLAS_ROW, None, "cublaslt"))
     rows = []
-    for name, backend in backends.items():
+    for name, backend, blas in settings:
         row = {"SDPA backend": name}
         try:
-            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext(), blas_library(blas):
                 runner = TargetModel(model, aux, cuda_graphs=device.type == "cuda")
                 runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
                 for width in range(1, k + 2):
