@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -91,13 +92,6 @@ def widths_table(model, k: int, prompt_tokens: int, repeats: int, backends=BACKE
     return rows
 
 
-def markdown(rows: list[dict], caption: str) -> str:
-    columns = list(dict.fromkeys(c for r in rows for c in r))
-    lines = [caption, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="a target model directory (a results tree's target/)")
@@ -117,7 +111,7 @@ def main(argv=None):
                f"{args.repeats} steps, {'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch "
                f"{torch.__version__}. Width 1 is a target-only greedy step; width k + 1 a verification with the "
                "auxiliary states.")
-    text = markdown(rows, caption)
+    text = caption + "\n\n" + pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False) + "\n"
     write_text(args.table, text)
     print(text)
 

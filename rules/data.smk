@@ -102,7 +102,7 @@ rule self_prompts:
         R / "logs" / "self_prompts" / "{dataset}.log",
     benchmark:
         R / "benchmarks" / "self_prompts" / "{dataset}.tsv"
-    priority: 1
+    priority: dataset_priority
     conda:
         "../envs/vllm.yaml"
         if config["regenerate"]["backend"] == "vllm"
