@@ -1,11 +1,12 @@
 """What one target step costs at each width the offline benchmark's loops run (1 token: target-only greedy; 2..k+1:
-a verification of 1..k drafts, with the auxiliary states EAGLE-3 needs), with each SDPA backend PyTorch can capture
-the step with: where a verification's extra cost over a decode step comes from, and whether another backend removes it.
+a verification of 1..k drafts, with the auxiliary states EAGLE-3 needs), under each kernel setting the benchmark's
+tuning tries (cuBLAS or cuBLASLt GEMMs x SDPA backends, draftsmith.decoding.static_cache.KERNEL_SETTINGS): where a
+verification's extra cost over a decode step comes from, and which setting removes it.
 
-On one H100 (docs/BENCHMARKS.md, thirteenth session) SmolLM2-135M's prompt-lookup rounds, which draft nothing on the
-device, cost 17% more than its one-token steps: that width penalty, not the draft, is most of the gap between the
-cost model's 1.65x and the measured 1.45x. Each backend's steps are captured as CUDA graphs on a CUDA device (as the
-benchmark runs them) and run eagerly on a CPU; a backend that cannot run the step is reported as unavailable.
+On one H100 (docs/BENCHMARKS.md, thirteenth session) SmolLM2-135M's verification over 4 tokens cost 4.50 ms against a
+3.21 ms decode step (the benchmark's step_costs): that width penalty, not the draft, is most of the gap between the
+cost model's 1.65x and the measured 1.45x. Each setting's steps are captured as CUDA graphs on a CUDA device (as the
+benchmark runs them) and run eagerly on a CPU; a setting that cannot run the step is reported as unavailable.
 
     python perf/step_widths.py --target results-smollm2-50k/target --k 3 --table perf/results/step_widths.md
 """
@@ -13,7 +14,6 @@ benchmark runs them) and run eagerly on a CPU; a backend that cannot run the ste
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -21,22 +21,15 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.benchmark.spec_decode import TargetModel, synchronize
+from draftsmith.decoding.static_cache import KERNEL_SETTINGS, kernel_setting
 from draftsmith.devices import resolve_dtype
 from draftsmith.io import write_text
 from draftsmith.target_model.layers import default_aux_layer_ids, text_config
 from draftsmith.target_model.spec import TargetSpec
-
-BACKENDS = {"default choice": None, "math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION}
-# A decode step's GEMMs have M = 1 (matrix-vector kernels) and a verification's M = k + 1: cuBLAS picks different
-# kernels for them. On CUDA the default SDPA choice is timed once more with cuBLASLt's kernels.
-BLAS_ROW = "default choice, cuBLASLt"
-
 
 def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
     """Median ms of one step of `width` tokens after the prompt (the loops' way: forward, argmax, one host sync)."""
@@ -55,38 +48,22 @@ def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
-@contextlib.contextmanager
-def blas_library(name: str | None):
-    """cuBLAS or cuBLASLt for the GEMMs run (and captured) inside; None leaves PyTorch's choice."""
-    if name is None:
-        yield
-        return
-    previous = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(name)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(previous)
-
-
 @torch.inference_mode()
-def widths_table(model, k: int, prompt_tokens: int, repeats: int, backends=BACKENDS) -> list[dict]:
+def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNEL_SETTINGS) -> list[dict]:
+    """One row per kernel setting (the benchmark's tuning candidates): each width's step time, or why it cannot run."""
     device = next(model.parameters()).device
     aux = default_aux_layer_ids(text_config(model.config).num_hidden_layers)
-    settings = [(name, backend, None) for name, backend in backends.items()]
-    if device.type == "cuda":
-        settings.append((BLAS_ROW, None, "cublaslt"))
     rows = []
-    for name, backend, blas in settings:
-        row = {"SDPA backend": name}
+    for name, blas, sdpa in settings:
+        row = {"kernel setting": name}
         try:
-            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext(), blas_library(blas):
+            with kernel_setting(blas, sdpa):
                 runner = TargetModel(model, aux, cuda_graphs=device.type == "cuda")
                 runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
                 for width in range(1, k + 2):
                     row[f"width {width} ms"] = round(step_ms(runner, width, repeats), 3)
             row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
-        except RuntimeError as e:  # the backend cannot run these shapes (or this device)
+        except RuntimeError as e:  # the setting cannot run these shapes (or on this device)
             row["unavailable"] = str(e).splitlines()[0][:120]
         rows.append(row)
     return rows

@@ -143,7 +143,7 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 10, "temperature": 0.0,
            "batch_size": None, "batch_sizes": [1, 2], "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32",
-           "seed": 0, "cuda_graphs": "auto", "repeats": 2,
+           "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2,
            "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     assert batch_size_problems(cfg) == []
     assert batch_size_problems({**cfg, "batch_sizes": [2, 1]}) != []  # still ascending only

@@ -26,7 +26,14 @@ from draftsmith.benchmark.spec_decode import (
 )
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
-from draftsmith.decoding.static_cache import StepGraphs, prompt_bucket
+from draftsmith.decoding.static_cache import (
+    KERNEL_SETTINGS,
+    TUNING_MARGIN,
+    StepGraphs,
+    fastest_setting,
+    prompt_bucket,
+    replay_ms,
+)
 from draftsmith.io import write_jsonl
 from draftsmith.target_model.embedded import build_embedded_target
 from draftsmith.target_model.spec import TargetSpec
@@ -194,7 +201,7 @@ class EagerStepRecorder(StepGraphs):
     def __init__(self):
         super().__init__(enabled=True)
 
-    def run(self, key, fn, *inputs):
+    def run(self, key, fn, *inputs, tune=True):
         static = self.steps.setdefault(key, [x.clone() for x in inputs])
         for s, x in zip(static, inputs):
             s.copy_(x)
@@ -253,21 +260,25 @@ def test_a_padded_prompt_round_drafts_what_the_unpadded_one_does(tiny):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     """On a GPU, in float32: every method with its steps replayed as CUDA graphs gives the same tokens and the
-    same accepted drafts as the same loops run eagerly."""
+    same accepted drafts as the same loops run eagerly, with each step's kernels tuned (`tune_kernels`) or not."""
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
-    eager, graphed = TargetModel(model, AUX), TargetModel(model, AUX, cuda_graphs=True)
+    eager, graphed = TargetModel(model, AUX), TargetModel(model, AUX, cuda_graphs=True, tune_kernels=True)
     drafts = {name: tiny[name].to("cuda") for name in ("untrained", "trained")}
     stop = tiny["stop"]
     for ids in tiny["prompts"]:
         assert greedy_decode(graphed, ids, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
         for draft in drafts.values():
             a = speculative_decode(eager, Eagle3Proposer(draft), ids, 3, MAX_NEW, stop)
-            b = speculative_decode(graphed, Eagle3Proposer(draft, cuda_graphs=True), ids, 3, MAX_NEW, stop)
+            b = speculative_decode(graphed, Eagle3Proposer(draft, cuda_graphs=True, tune_kernels=True), ids, 3, MAX_NEW,
+                                   stop)
             assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
         a = speculative_decode(eager, PromptLookupProposer(3, eager.device), ids, 3, MAX_NEW, stop)
         b = speculative_decode(graphed, PromptLookupProposer(3, graphed.device), ids, 3, MAX_NEW, stop)
         assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
     assert len(graphed.graphs.steps) >= 2  # the one-token step and at least one verification width
+    tuned = {key for key in graphed.graphs.steps if key[0] != "prompt"}  # prompts are captured untuned
+    assert set(graphed.graphs.choices) == tuned and all(n in [s[0] for s in KERNEL_SETTINGS]
+                                                        for n in graphed.graphs.choices.values())
     # captured up front (as the benchmark's warm-up does), decoding captures nothing more inside the timed loops
     fresh, proposer = TargetModel(model, AUX, cuda_graphs=True), Eagle3Proposer(drafts["trained"], cuda_graphs=True)
     fresh.reserve(1024)
@@ -285,6 +296,59 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     assert (set(fresh.graphs.steps), set(proposer.graphs.steps)) == captured
     for name in drafts:
         tiny[name].to("cpu")
+
+
+@torch.inference_mode()
+def test_kernel_tuning_times_each_setting_the_device_runs_and_restores_the_defaults(tiny):
+    """fastest_setting on a real verification step of the tiny target: every setting is tried, those this device
+    cannot run (on a CPU build: cuBLASLt) are skipped as None, the others timed; PyTorch's
+    own choices are back in force afterwards. The chosen setting's step gives the same logits as an untuned one."""
+    target = TargetModel(tiny["target"].model, AUX)
+    ids = tiny["prompts"][0]
+    target.start(ids, capacity=len(ids) + 8, with_aux=True)
+    cached, verify = target.length, torch.tensor([ids[-4:]])
+
+    def step():
+        out = target.forward(verify, keep=4, with_aux=True)[0].clone()
+        target.rewind(cached)
+        return out
+
+    blas_before = torch.backends.cuda.preferred_blas_library()
+    name, chosen, times = fastest_setting(lambda: step, timer=lambda f: replay_ms(f, replays=3, rounds=2))
+    assert list(times) == [s[0] for s in KERNEL_SETTINGS]
+    runnable = {n for n, ms in times.items() if ms is not None}
+    assert "cublas + default SDPA" in runnable, times
+    if not torch.cuda.is_available():  # a CPU build cannot select cuBLASLt
+        assert not any(n.startswith("cublaslt") for n in runnable), times
+    assert name in runnable and all(ms > 0 for n, ms in times.items() if n in runnable)
+    assert torch.backends.cuda.preferred_blas_library() == blas_before
+    assert torch.equal(chosen(), step())
+
+
+def test_kernel_tuning_keeps_the_first_setting_unless_another_is_clearly_faster():
+    """The rule fastest_setting applies (with a stand-in timer, named as such, that returns set times per setting:
+    the rule, not a device, is under test): a later setting replaces the best so far only when TUNING_MARGIN faster;
+    a setting whose build raises RuntimeError is skipped."""
+    settings = [(name, None, None) for name in ("first", "close", "broken", "faster")]
+
+    def run(ms: dict):
+        active = iter(name for name, _, _ in settings)
+
+        def build():
+            name = next(active)
+            if name == "broken":
+                raise RuntimeError("no kernel for these shapes")
+            return name
+
+        return fastest_setting(build, timer=ms.get, settings=settings)
+
+    near = 1 - TUNING_MARGIN / 2
+    name, step, times = run({"first": 1.0, "close": near, "faster": 1.0})
+    assert (name, step) == ("first", "first") and times == {"first": 1.0, "close": near, "broken": None, "faster": 1.0}
+    assert run({"first": 1.0, "close": near, "faster": 0.9})[0] == "faster"
+    with pytest.raises(RuntimeError, match="no kernel setting"):
+        fastest_setting(lambda: (_ for _ in ()).throw(RuntimeError("none")), timer=float, settings=settings[:1])
+    assert not StepGraphs(False, tune=True).tune and StepGraphs(True, tune=True).tune
 
 
 def test_training_buys_acceptance(tiny):
@@ -338,7 +402,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
            "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
-           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "repeats": 2,
+           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2,
            "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
     out = tiny["root"] / "bench"

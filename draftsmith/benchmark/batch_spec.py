@@ -97,10 +97,10 @@ class RowBuffers:
 class RowBufferSet:
     """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
 
-    def __init__(self, cuda_graphs: bool, device):
+    def __init__(self, cuda_graphs: bool, device, tune_kernels: bool = False):
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
-        self.graphs = StepGraphs(cuda_graphs)
+        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
         self.device = device
         self.by_rows: dict[int, RowBuffers] = {}
 
@@ -124,7 +124,7 @@ class BatchTarget:
             raise ValueError("batched decoding needs a full-attention SDPA target (its masks are built here)")
         self.target = target
         self.device = target.device
-        self.buffers = RowBufferSet(cuda_graphs, self.device)
+        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=target.graphs.tune)
         self._attention = attention_configs(target.model)
 
     def reserve(self, rows: int, length: int) -> None:
@@ -210,14 +210,15 @@ class BatchEagle3Proposer:
 
     Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
     pending inputs of the next round (the newly verified tokens and the target's states before them) and how many
-    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs`."""
+    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs` (its kernels tuned with
+    `tune_kernels`, as the target's: `StepGraphs`)."""
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False):
+    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
         use_sdpa(draft)
         self.draft = draft
-        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
+        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device, tune_kernels)
 
     def reserve(self, rows: int, length: int) -> None:
         """Buffers for `rows` rows of at least `length` slots (see BatchTarget.reserve)."""

@@ -194,8 +194,10 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     if "untrained_draft" in methods:
         untrained = untrained_like(trained, target, aux_layer_ids, k, seed).to(device=device, dtype=dtype).eval()
     graphs = use_cuda_graphs(cfg["cuda_graphs"], model, device)
-    log.info("decoding steps %s", "replayed as CUDA graphs over a static KV cache" if graphs else "run eagerly")
-    runner = TargetModel(model, aux_layer_ids, cuda_graphs=graphs)
+    tune = graphs and bool(cfg["tune_kernels"])
+    log.info("decoding steps %s", ("replayed as CUDA graphs over a static KV cache" + (
+        ", each captured with the fastest of its kernel settings" if tune else "")) if graphs else "run eagerly")
+    runner = TargetModel(model, aux_layer_ids, cuda_graphs=graphs, tune_kernels=tune)
     if max(sizes) > 1 and not runner.static:
         raise ValueError(f"benchmark.batch_sizes = {sizes}: batch sizes above 1 need a full-attention SDPA target "
                          f"(here {getattr(model.config, '_attn_implementation', None)}, or sliding windows)")
@@ -203,9 +205,9 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     ngram = int(cfg["prompt_lookup_ngram"])
 
     proposers = {"prompt_lookup": PromptLookupProposer(ngram, device),
-                 "eagle3_draft": Eagle3Proposer(trained, cuda_graphs=graphs)}
+                 "eagle3_draft": Eagle3Proposer(trained, cuda_graphs=graphs, tune_kernels=tune)}
     if "untrained_draft" in methods:
-        proposers["untrained_draft"] = Eagle3Proposer(untrained, cuda_graphs=graphs)
+        proposers["untrained_draft"] = Eagle3Proposer(untrained, cuda_graphs=graphs, tune_kernels=tune)
 
     def decoder(method: str):
         if method == BASELINE:
@@ -234,6 +236,11 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         log.info("captured %d target steps and %s draft rounds; caches hold %d positions", len(runner.graphs.steps),
                  "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
                  runner.cache.max_length)
+        if tune:
+            log_tuning("target", runner.graphs)
+            for method, proposer in proposers.items():
+                if isinstance(proposer, Eagle3Proposer):
+                    log_tuning(method, proposer.graphs)
 
     rows, outputs, rendered, categories = [], {m: {} for m in methods}, {}, {}
     unrepeatable: dict[str, list[str]] = {m: [] for m in methods}
@@ -293,6 +300,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
+        "tune_kernels": tune,
+        "kernel_choices": kernel_choices(runner, proposers) if tune else None,
         "repeats": repeats,
         "timing": "interleaved",
         "versions": package_versions(),
@@ -306,6 +315,23 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras, size_extras)
     log_summary(summary, k, sizes)
     return summary
+
+
+def log_tuning(name: str, graphs) -> None:
+    """Each tuned step's setting and every setting's replay time, to the rule's log."""
+    for key, name_chosen in graphs.choices.items():
+        times = ", ".join(f"{setting} {'-' if ms is None else f'{ms:.3f}'}" for setting, ms in graphs.timings[key].items())
+        log.info("%s step %s: %s (ms per replay: %s)", name, key, name_chosen, times)
+
+
+def kernel_choices(runner: TargetModel, proposers: dict) -> dict[str, dict[str, str]]:
+    """The kernel setting each tuned batch-1 step was captured with: the target's steps by (tokens, logits kept,
+    auxiliary states), each draft's rounds by (newly verified positions, k)."""
+    chosen = {"target": runner.graphs.described_choices()}
+    for method, proposer in proposers.items():
+        if isinstance(proposer, Eagle3Proposer):
+            chosen[method] = proposer.graphs.described_choices()
+    return chosen
 
 
 def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],
@@ -372,10 +398,11 @@ def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], 
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
     graphs = runner.graphs.enabled
     target = BatchTarget(runner, cuda_graphs=graphs)
+    tune = runner.graphs.tune
     proposers = {"prompt_lookup": BatchPromptLookupProposer(int(cfg["prompt_lookup_ngram"]), runner.device),
-                 "eagle3_draft": BatchEagle3Proposer(trained, cuda_graphs=graphs)}
+                 "eagle3_draft": BatchEagle3Proposer(trained, cuda_graphs=graphs, tune_kernels=tune)}
     if untrained is not None:
-        proposers["untrained_draft"] = BatchEagle3Proposer(untrained, cuda_graphs=graphs)
+        proposers["untrained_draft"] = BatchEagle3Proposer(untrained, cuda_graphs=graphs, tune_kernels=tune)
 
     def decoder(method: str):
         if method == BASELINE:

@@ -104,11 +104,13 @@ class TargetModel:
     every step of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph, and so is each prompt, padded to
     a power-of-two bucket (`prompt_bucket`: the padding's cache slots lie past the prompt, masked until the next
     steps overwrite them); other models decode eagerly with transformers' DynamicCache. Every path gives the
-    same tokens (tests/test_spec_decode.py)."""
+    same tokens (tests/test_spec_decode.py). With `tune_kernels` each decoding step (not a prompt's) is captured under
+    every kernel setting and replayed with the fastest (`StepGraphs`)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps run eagerly
 
-    def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False):
+    def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False,
+                 tune_kernels: bool = False):
         self.model = model
         self.device = next(model.parameters()).device
         self.aux_layer_ids = list(aux_layer_ids or [])
@@ -122,7 +124,7 @@ class TargetModel:
         if cuda_graphs and not (self.static and self.device.type == "cuda"):
             raise ValueError("CUDA graphs need a CUDA device and a full-attention SDPA target "
                              f"(here {self.device.type}, static cache {self.static})")
-        self.graphs = StepGraphs(cuda_graphs)
+        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
         self.cache: StaticKV | DynamicCache | None = None
         self.length = 0  # positions in the cache
         self._length = torch.zeros(1, dtype=torch.long, device=self.device)  # the same, for captured steps
@@ -191,7 +193,7 @@ class TargetModel:
             if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:  # a prompt, padded
                 step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux)
                 padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
-                logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded)
+                logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded, tune=False)
                 out = logits[q - keep : q], (aux[:, :q] if with_aux else None)
             else:
                 step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
@@ -389,15 +391,15 @@ class Eagle3Proposer:
     chain entries sit after them and are overwritten by the next round's verified ones. A round (the newly
     verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay;
     the prompt's round too, padded to the target's prompt buckets (the padding's slots, like the chain's, are
-    overwritten before anything attends to them).
+    overwritten before anything attends to them). `tune_kernels`: as TargetModel's.
     """
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False):
+    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
         use_sdpa(draft)
         self.draft = draft
-        self.graphs = StepGraphs(cuda_graphs)
+        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
         self.cache: StaticKV | None = None
         device = next(draft.parameters()).device
         # device scalars for captured rounds: the first free slot, and how many of the round's inputs are real
@@ -452,7 +454,7 @@ class Eagle3Proposer:
         elif not self.verified and self.graphs.enabled and bucket + k <= self.cache.max_length:  # a prompt, padded
             pad = torch.nn.functional.pad
             drafted = self.graphs.run(("prompt", bucket, k), draft_round, pad(tokens, (0, bucket - n)),
-                                      pad(aux, (0, 0, 0, bucket - n)))
+                                      pad(aux, (0, 0, 0, bucket - n)), tune=False)
         else:
             drafted = draft_round(tokens, aux)
         self.verified += n

@@ -11,12 +11,27 @@ so the tests check the captured code's arithmetic there.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+import time
 from collections.abc import Callable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftsmith.target_model.layers import text_config
+
+log = logging.getLogger(__name__)
+
+# What a tuned capture tries (name, BLAS library, SDPA backend; None: PyTorch's choice), PyTorch's defaults first.
+# At a few tokens a step, a small model's GEMMs are matrix-vector shaped: cuBLAS and cuBLASLt pick different kernels
+# for them (and a verification's M = k + 1 differs from a decode step's M = 1), and the SDPA backends differ too.
+KERNEL_SETTINGS = [(f"{blas} + {sdpa_name}", blas, sdpa)
+                   for sdpa_name, sdpa in (("default SDPA", None), ("efficient SDPA", SDPBackend.EFFICIENT_ATTENTION),
+                                           ("cuDNN SDPA", SDPBackend.CUDNN_ATTENTION))
+                   for blas in ("cublas", "cublaslt")]
+TUNING_MARGIN = 0.02  # another setting must be this much faster than the best so far to replace it (noise)
 
 
 class StaticKV:
@@ -82,23 +97,90 @@ class CapturedStep:
         return self.outputs
 
 
+@contextlib.contextmanager
+def kernel_setting(blas: str | None, sdpa: SDPBackend | None):
+    """GEMMs from `blas` (cublas or cublaslt) and attention from the SDPA backend `sdpa` inside (None: PyTorch's
+    choice); a captured graph keeps the kernels chosen while it was captured."""
+    previous = torch.backends.cuda.preferred_blas_library()
+    if blas is not None:
+        torch.backends.cuda.preferred_blas_library(blas)
+    try:
+        with sdpa_kernel(sdpa) if sdpa is not None else contextlib.nullcontext():
+            yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
+def replay_ms(step: Callable[[], object], replays: int = 20, rounds: int = 3) -> float:
+    """The fastest of `rounds` mean times (ms) of `replays` back-to-back calls of `step` (on CUDA, the device's
+    time: synchronised before and after each round)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    best = float("inf")
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        for _ in range(replays):
+            step()
+        sync()
+        best = min(best, 1000 * (time.perf_counter() - start) / replays)
+    return best
+
+
+def fastest_setting(build: Callable[[], object], timer: Callable[[object], float], settings=KERNEL_SETTINGS):
+    """The fastest of `settings`: `build()`, called under each setting, makes a step with its kernels (a setting
+    whose kernels cannot run the step raises RuntimeError and is skipped), `timer(step)` times it. Returns the
+    winner's name, its step and the ms of every setting (None where it could not run)."""
+    best, times = None, {}
+    for name, blas, sdpa in settings:
+        try:
+            with kernel_setting(blas, sdpa):
+                step = build()
+        except RuntimeError as e:  # e.g. no SDPA kernel of that backend for these shapes
+            log.debug("kernel setting %s cannot run this step: %s", name, str(e).splitlines()[0])
+            times[name] = None
+            continue
+        times[name] = ms = timer(step)
+        if best is None or ms < best[2] * (1 - TUNING_MARGIN):
+            best = (name, step, ms)
+    if best is None:
+        raise RuntimeError(f"no kernel setting of {[s[0] for s in settings]} can run this step")
+    return best[0], best[1], times
+
+
 class StepGraphs:
-    """Captured steps keyed by their shape; `run` captures on a key's first call, or runs `fn` eagerly when off."""
+    """Captured steps keyed by their shape; `run` captures on a key's first call, or runs `fn` eagerly when off.
+    With `tune`, a first call captures the step once per kernel setting (`KERNEL_SETTINGS`) and keeps the fastest
+    replay; `choices` names each key's setting and `timings` holds every setting's ms."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, tune: bool = False):
         self.enabled = enabled
+        self.tune = enabled and tune
         self.steps: dict = {}
+        self.choices: dict = {}
+        self.timings: dict = {}
 
-    def run(self, key, fn: Callable, *inputs: torch.Tensor):
+    def run(self, key, fn: Callable, *inputs: torch.Tensor, tune: bool = True):
+        """`fn(*inputs)`, replayed from its capture under `key`; `tune=False` captures it with PyTorch's kernel
+        choices even when tuning (a step run once per prompt is not worth timing every setting for)."""
         if not self.enabled:
             return fn(*inputs)
         if key not in self.steps:
             # the warm-up runs `fn` for real, so steps must be idempotent: state writes at positions the inputs set
-            self.steps[key] = CapturedStep(fn, list(inputs))
+            if self.tune and tune:
+                name, self.steps[key], self.timings[key] = fastest_setting(
+                    lambda: CapturedStep(fn, list(inputs)), timer=lambda step: replay_ms(step.graph.replay))
+                self.choices[key] = name
+            else:
+                self.steps[key] = CapturedStep(fn, list(inputs))
         return self.steps[key](*inputs)
 
     def clear(self) -> None:
         self.steps.clear()
+
+    def described_choices(self) -> dict[str, str]:
+        """Each tuned step's kernel setting, keyed by its step key as text (for a summary)."""
+        return {" ".join(map(str, key if isinstance(key, tuple) else (key,))): name
+                for key, name in self.choices.items()}
 
 
 def reserved(cache: StaticKV | None, capacity: int, graphs: StepGraphs, granule: int = 256) -> StaticKV:
