@@ -48,9 +48,13 @@ def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+TUNED_ROW = "tuned (the benchmark's choice per width)"
+
+
 @torch.inference_mode()
 def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNEL_SETTINGS) -> list[dict]:
-    """One row per kernel setting (the benchmark's tuning candidates): each width's step time, or why it cannot run."""
+    """One row per kernel setting (the benchmark's tuning candidates): each width's step time, or why it cannot run;
+    on CUDA one more with each width captured the benchmark's way, tuned (a failure there fails the script)."""
     device = next(model.parameters()).device
     aux = default_aux_layer_ids(text_config(model.config).num_hidden_layers)
     rows = []
@@ -65,6 +69,15 @@ def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNE
             row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
         except RuntimeError as e:  # the setting cannot run these shapes (or on this device)
             row["unavailable"] = str(e).splitlines()[0][:120]
+        rows.append(row)
+    if device.type == "cuda":  # the benchmark's own way (benchmark.tune_kernels): each width's fastest setting
+        runner = TargetModel(model, aux, cuda_graphs=True, tune_kernels=True)
+        runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
+        row = {"kernel setting": TUNED_ROW}
+        for width in range(1, k + 2):
+            row[f"width {width} ms"] = round(step_ms(runner, width, repeats), 3)
+        row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
+        row["chosen"] = "; ".join(f"width {key[0]}: {name}" for key, name in runner.graphs.choices.items())
         rows.append(row)
     return rows
 
