@@ -19,10 +19,10 @@
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG="file ...": more config files on top;
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
 #                                # the target's answers come back (with `poll`, as soon as all are written) as
-#                                # $res-data.txz.part_*: join (cat) and unpack them on
-#                                # this machine and carry that folder, ignored by git, e.g. .carried/ (CARRIED_DATA=
-#                                # .carried/$res/data/regenerated: those files as local datasets, so the next run
-#                                # skips self_prompts and regenerate and trains on the same answers);
+#                                # $res-data.txz.part_*: carry them as they came (git-ignored .carried/, 8 MB at the
+#                                # 50k scale) and pass CARRIED_DATA=.carried/$res-data.txz (or a folder of unpacked
+#                                # <dataset>.jsonl files): those answers as local datasets, so the next run skips
+#                                # self_prompts and regenerate and trains on the same answers;
 #                                # TRAINING_PERF=1: then training throughput on its shards; the workflow's own
 #                                # priorities order the jobs: the target-written data first, the first variant
 #                                # benchmarked before the others. Snakemake's --prioritize would undo the first)
@@ -130,7 +130,7 @@ smollm2)
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
   if [ -n "${CARRIED_DATA:-}" ]; then  # the answers an earlier run wrote, as local datasets: no self_prompts, no regenerate
-    python3 perf/carried_overlay.py "$CARRIED_DATA" >> "$overlay"
+    python3 perf/carried_overlay.py "$CARRIED_DATA" --unpack-to /tmp/carried >> "$overlay"  # a folder, or parts
   fi
   res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)

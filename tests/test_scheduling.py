@@ -4,7 +4,9 @@ order listed (the main recipe before the learning curve's smaller ones)."""
 
 import re
 import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, SNAKEMAKE
 
@@ -80,3 +82,40 @@ def test_carried_answers_replace_self_prompts_and_regenerate(tmp_path):
     merged = load_config([*CONFIGS, overlay])["datasets"]
     assert {(d["source"], d["path"], d["regenerate"]) for d in merged.values()} == \
         {("local", str(folder / f"{name}.jsonl"), False) for name in config["datasets"]}
+
+
+def test_carried_answers_unpack_from_the_parts_a_run_brings_back(tmp_path, capsys):
+    """The `<results>-data.txz.part_*` files a run brings back (tar, xz, split, as perf/gpu_suite.sh packs them) are
+    carried as they came and unpacked on the GPU machine: the overlay names the unpacked files, byte for byte."""
+    import io
+    import lzma
+    import tarfile
+
+    from conftest import load_perf_script
+
+    regenerated = tmp_path / "run" / "results-x" / "data" / "regenerated"
+    regenerated.mkdir(parents=True)
+    answers = {name: "".join(f'{{"id": {i}, "text": "{name} {i}"}}\n' for i in range(300)) for name in ("a", "b")}
+    for name, text in answers.items():
+        (regenerated / f"{name}.jsonl").write_text(text)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(tmp_path / "run" / "results-x", arcname="results-x")
+    packed = lzma.compress(buffer.getvalue())
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    size = len(packed) // 3 + 1  # three parts, as split -b cuts them
+    for i in range(3):
+        (carried / f"results-x-data.txz.part_{i:02d}").write_bytes(packed[i * size : (i + 1) * size])
+    module = load_perf_script("carried_overlay")
+    module.main([str(carried / "results-x-data.txz"), "--unpack-to", str(tmp_path / "unpacked")])
+    overlay = yaml.safe_load(capsys.readouterr().out)
+    assert set(overlay["datasets"]) == {"a", "b"}
+    for name, text in answers.items():
+        entry = overlay["datasets"][name]
+        assert entry["source"] == "local" and not entry["regenerate"]
+        assert Path(entry["path"]).read_text() == text
+    with pytest.raises(SystemExit, match="need --unpack-to"):
+        module.main([str(carried / "results-x-data.txz")])
+    with pytest.raises(SystemExit, match="no missing.txz.part_"):
+        module.main([str(carried / "missing.txz"), "--unpack-to", str(tmp_path / "u2")])
