@@ -8,7 +8,12 @@ On one H100 (docs/BENCHMARKS.md, thirteenth session) SmolLM2-135M's verification
 cost model's 1.65x and the measured 1.45x. Each setting's steps are captured as CUDA graphs on a CUDA device (as the
 benchmark runs them) and run eagerly on a CPU; a setting that cannot run the step is reported as unavailable.
 
-    python perf/step_widths.py --target results-smollm2-50k/target --k 3 --table perf/results/step_widths.md
+    python perf/step_widths.py --target results-smollm2-50k/target --k 3 --table perf/results/step_widths.md \
+        --profile perf/results/step_profile.md
+
+`--profile` also writes what a width-1 step and a width-(k+1) verification run, kernel by kernel (torch.profiler over
+eager steps, whose kernels a graph replays; on a CPU the aten operators): calls and device time per step at each
+width, the largest differences first, so the width penalty is found where it lies.
 """
 
 from __future__ import annotations
@@ -82,6 +87,52 @@ def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNE
     return rows
 
 
+def profile_widths(model, k: int, prompt_tokens: int, steps: int) -> pd.DataFrame:
+    """Per kernel (on a CPU: per aten operator), calls and self time (µs) per step of a width-1 step and a
+    width-(k + 1) verification with the auxiliary states, eager, over `steps` steps each; a total row last."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = next(model.parameters()).device
+    on_cuda = device.type == "cuda"
+    runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers))
+    runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
+    cached = runner.length
+    columns = {}
+    for width in (1, k + 1):
+        ids = torch.zeros((1, width), dtype=torch.long, device=device)
+
+        def step():
+            runner.forward(ids, keep=width, with_aux=width > 1)[0].argmax(-1).tolist()
+            runner.rewind(cached)
+
+        with torch.inference_mode():
+            for _ in range(3):  # warm-up: lazy initialisation and kernel selection stay out of the profile
+                step()
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+            with profile(activities=activities) as prof:
+                for _ in range(steps):
+                    step()
+            synchronize(device)
+        for event in prof.key_averages():
+            kernel = event.device_type == torch.autograd.DeviceType.CUDA
+            if (kernel if on_cuda else event.key.startswith("aten::")):
+                self_us = event.self_device_time_total if on_cuda else event.self_cpu_time_total
+                columns.setdefault(event.key[:100], {})[width] = (event.count / steps, self_us / steps)
+    rows = []
+    for name, by_width in columns.items():
+        row = {"kernel" if on_cuda else "operator": name}
+        for width in (1, k + 1):
+            calls, us = by_width.get(width, (0.0, 0.0))
+            row[f"calls per step, width {width}"] = round(calls, 2)
+            row[f"µs per step, width {width}"] = round(us, 1)
+        row["difference µs"] = round(row[f"µs per step, width {k + 1}"] - row["µs per step, width 1"], 1)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table = table.reindex(table["difference µs"].abs().sort_values(ascending=False).index).reset_index(drop=True)
+    total = {table.columns[0]: "total"} | {c: round(table[c].sum(), 1) for c in table.columns[1:]}
+    return pd.concat([table, pd.DataFrame([total])], ignore_index=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="a target model directory (a results tree's target/)")
@@ -91,6 +142,9 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--table", required=True, help="the Markdown table to write")
+    ap.add_argument("--profile", help="also write the kernel-by-kernel comparison of width 1 and k + 1 here")
+    ap.add_argument("--profile-steps", type=int, default=20)
+    ap.add_argument("--profile-rows", type=int, default=40, help="the largest differences kept (and the total)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -104,6 +158,17 @@ def main(argv=None):
     text = caption + "\n\n" + pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False) + "\n"
     write_text(args.table, text)
     print(text)
+    if args.profile:
+        table = profile_widths(model, args.k, args.prompt_tokens, args.profile_steps)
+        shown = pd.concat([table.iloc[:-1].head(args.profile_rows), table.iloc[-1:]])
+        caption = (f"What a width-1 step and a width-{args.k + 1} verification run, {args.target}, "
+                   f"{args.prompt_tokens}-token context, {dtype}, eager, {args.profile_steps} steps each, on {where}; "
+                   f"torch {torch.__version__}. Self time per step of each "
+                   f"{'kernel' if device.type == 'cuda' else 'aten operator'}, the largest differences first "
+                   f"({len(shown) - 1} of {len(table) - 1} shown; the total counts all).")
+        profile_text = caption + "\n\n" + shown.to_markdown(index=False) + "\n"
+        write_text(args.profile, profile_text)
+        print(profile_text)
 
 
 if __name__ == "__main__":

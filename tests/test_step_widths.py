@@ -25,3 +25,26 @@ def test_step_widths_times_each_width_per_backend(tiny_target, tmp_path):
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header[:5] == ["kernel setting", "width 1 ms", "width 2 ms", "width 3 ms", "width 3 / width 1"]
     assert [line.split("|")[1].strip() for line in lines[2:]] == [name for name, _, _ in KERNEL_SETTINGS]
+
+
+def test_step_profile_compares_the_two_widths_operator_by_operator(tiny_target, tmp_path):
+    """--profile on the CPU: the aten operators of a width-1 step and a width-3 verification, per step, the largest
+    differences first and a total that sums them; the linear layers' matrix products are among them."""
+    module = load_perf_script("step_widths")
+    model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
+    table = module.profile_widths(model, k=2, prompt_tokens=12, steps=3)
+    assert list(table.columns) == ["operator", "calls per step, width 1", "µs per step, width 1",
+                                   "calls per step, width 3", "µs per step, width 3", "difference µs"]
+    body, total = table.iloc[:-1], table.iloc[-1]
+    assert total["operator"] == "total" and total["µs per step, width 1"] > 0 and total["µs per step, width 3"] > 0
+    assert abs(total["µs per step, width 3"] - body["µs per step, width 3"].sum()) < 1
+    differences = body["difference µs"].abs().tolist()
+    assert differences == sorted(differences, reverse=True)
+    products = body[body["operator"].isin(["aten::mm", "aten::addmm", "aten::linear", "aten::matmul"])]
+    assert not products.empty and (products["calls per step, width 1"] > 0).all(), body["operator"].tolist()
+    out = tmp_path / "profile.md"
+    module.main(["--target", str(tiny_target), "--k", "2", "--prompt-tokens", "12", "--repeats", "2", "--device", "cpu",
+                 "--dtype", "float32", "--table", str(tmp_path / "widths.md"), "--profile", str(out),
+                 "--profile-steps", "2", "--profile-rows", "5"])
+    lines = [line for line in out.read_text().splitlines() if line.startswith("|")]
+    assert len(lines) == 2 + 5 + 1 and lines[-1].split("|")[1].strip() == "total"
