@@ -153,7 +153,7 @@ smollm2)
     # (after $res.tgz took the bf16 results: this run replaces that variant's benchmark outputs)
     first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" \
       config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-})
-    printf 'benchmark:\n  dtype: float32\n' > /tmp/fp32-overlay.yaml
+    printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft]\n' > /tmp/fp32-overlay.yaml  # losslessness: no prompt lookup
     timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
       "$overlay" ${EXTRA_CONFIG:-} /tmp/fp32-overlay.yaml --resources gpu=1 "$res/benchmark/$first/summary.json" \
       > /tmp/snakemake-fp32.log 2>&1 || status=$?
