@@ -36,6 +36,7 @@ from draftsmith.io import write_text
 from draftsmith.target_model.layers import default_aux_layer_ids, text_config
 from draftsmith.target_model.spec import TargetSpec
 
+
 def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
     """Median ms of one step of `width` tokens after the prompt (the loops' way: forward, argmax, one host sync)."""
     cached = runner.length
@@ -117,10 +118,11 @@ def profile_widths(model, k: int, prompt_tokens: int, steps: int) -> pd.DataFram
             kernel = event.device_type == torch.autograd.DeviceType.CUDA
             if (kernel if on_cuda else event.key.startswith("aten::")):
                 self_us = event.self_device_time_total if on_cuda else event.self_cpu_time_total
-                columns.setdefault(event.key[:100], {})[width] = (event.count / steps, self_us / steps)
+                columns.setdefault(event.key, {})[width] = (event.count / steps, self_us / steps)
     rows = []
     for name, by_width in columns.items():
-        row = {"kernel" if on_cuda else "operator": name}
+        # kernel names are long templates that share their beginnings: keep both ends of a long one
+        row = {"kernel" if on_cuda else "operator": name if len(name) <= 120 else f"{name[:70]} … {name[-45:]}"}
         for width in (1, k + 1):
             calls, us = by_width.get(width, (0.0, 0.0))
             row[f"calls per step, width {width}"] = round(calls, 2)
