@@ -422,6 +422,8 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
         assert costs["cost_ratio"] == pytest.approx(costs["draft_step_ms"] / costs["target_step_ms"])
         assert methods[method]["ideal_speedup"] == pytest.approx(
             methods[method]["acceptance_length"] / (1 + 2 * costs["cost_ratio"]))
+        assert methods[method]["round_model_speedup"] == pytest.approx(methods[method]["acceptance_length"] / (
+            costs["verify_step_ms"] / costs["target_step_ms"] + 2 * costs["cost_ratio"]))
     assert "step_costs" not in methods["prompt_lookup"] and "step_costs" not in methods["target_greedy"]
     import pandas as pd
 

@@ -187,12 +187,20 @@ def ideal_speedup(acceptance_length: float, k: int, cost_ratio: float) -> float:
     return acceptance_length / (1 + k * cost_ratio)
 
 
+def round_model_speedup(acceptance_length: float, k: int, step_costs: dict) -> float:
+    """tau / (v + k * c), v = the verification step's cost over a one-token step's: the speedup of a round costing its
+    k draft steps and its measured verification over k + 1 tokens; below ideal_speedup by what the verification's
+    width costs. An estimate from steps timed one by one (each with a host sync), not a bound."""
+    verify_ratio = step_costs["verify_step_ms"] / step_costs["target_step_ms"]
+    return acceptance_length / (verify_ratio + k * step_costs["cost_ratio"])
+
+
 def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict,
                   method_extras: dict[str, dict] | None = None,
                   size_extras: dict[int, dict[str, dict]] | None = None) -> dict:
     """Write both tables atomically; `meta` (variant, backend, device, settings, versions) goes into the
     summary, and `method_extras[method]` (e.g. lossless, step_costs) into that method's entry, with
-    `ideal_speedup` derived from a method's step_costs and acceptance length. Rows of several batch sizes (their
+    `ideal_speedup` and `round_model_speedup` derived from a method's step_costs and acceptance length. Rows of several batch sizes (their
     `batch_size`): the methods' figures are the smallest size's, every size's in `per_batch_size`, with
     `size_extras[size][method]` added there."""
     df = finish_rows(rows, k)
@@ -206,6 +214,8 @@ def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: d
         if "step_costs" in extras:  # draftsmith.benchmark.step_costs
             methods[method]["ideal_speedup"] = ideal_speedup(methods[method]["acceptance_length"], k,
                                                              extras["step_costs"]["cost_ratio"])
+            methods[method]["round_model_speedup"] = round_model_speedup(methods[method]["acceptance_length"], k,
+                                                                         extras["step_costs"])
     add_per_batch_size(by_size, BASELINE, size_extras)  # one size too: the schema of a sweep's summary
     summary = {"batch_sizes": sizes, **meta, "num_speculative_tokens": k, "methods": methods}
     write_json(out_summary, summary)

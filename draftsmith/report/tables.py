@@ -70,6 +70,8 @@ def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
         "speedup after the first token": df["decode_speedup"],
         "c = draft step / target step": df["cost_ratio"],
         "ideal speedup τ/(1+k·c)": df["ideal_speedup"],
+        "v = verification / target step": df["verify_ratio"],
+        "round model τ/(v+k·c)": df["round_model_speedup"],
     }).reset_index(drop=True)
 
 
@@ -328,6 +330,10 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
             text += (f"; a draft step costs c = {fmt(draft['cost_ratio'], 3)} target steps, and with k = "
                      f"{s.get('num_speculative_tokens')} draft steps per round the cost model τ/(1+k·c) (a round "
                      f"costing only its draft steps and one target step) gives {fmt(ideal, 2)}×")
+            modelled, v = draft.get("round_model_speedup"), draft.get("verify_ratio")
+            if modelled is not None and pd.notna(modelled) and v is not None and pd.notna(v):
+                text += (f"; its verification over k + 1 tokens costs v = {fmt(v, 2)} one-token steps, and with that "
+                         f"the round's model τ/(v+k·c) gives {fmt(modelled, 2)}×")
         if draft.get("lossless") is False:
             text += (f"; **its output differed from target-only greedy on {draft['mismatched_count']} of "
                      f"{draft['prompts']} prompts**")
