@@ -62,30 +62,34 @@ def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNE
     """One row per kernel setting (the benchmark's tuning candidates): each width's step time, or why it cannot run;
     on CUDA one more with each width captured the benchmark's way, tuned (a failure there fails the script)."""
     device = next(model.parameters()).device
-    aux = default_aux_layer_ids(text_config(model.config).num_hidden_layers)
     rows = []
     for name, blas, sdpa in settings:
-        row = {"kernel setting": name}
         try:
             with kernel_setting(blas, sdpa):
-                runner = TargetModel(model, aux, cuda_graphs=device.type == "cuda")
-                runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
-                for width in range(1, k + 2):
-                    row[f"width {width} ms"] = round(step_ms(runner, width, repeats), 3)
-            row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
+                rows.append({"kernel setting": name, **width_times(started(model, k, prompt_tokens,
+                                                                         cuda_graphs=device.type == "cuda"), k, repeats)})
         except RuntimeError as e:  # the setting cannot run these shapes (or on this device)
-            row["unavailable"] = str(e).splitlines()[0][:120]
-        rows.append(row)
+            rows.append({"kernel setting": name, "unavailable": str(e).splitlines()[0][:120]})
     if device.type == "cuda":  # the benchmark's own way (benchmark.tune_kernels): each width's fastest setting
-        runner = TargetModel(model, aux, cuda_graphs=True, tune_kernels=True)
-        runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
-        row = {"kernel setting": TUNED_ROW}
-        for width in range(1, k + 2):
-            row[f"width {width} ms"] = round(step_ms(runner, width, repeats), 3)
-        row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
-        row["chosen"] = "; ".join(f"width {key[0]}: {name}" for key, name in runner.graphs.choices.items())
-        rows.append(row)
+        runner = started(model, k, prompt_tokens, cuda_graphs=True, tune_kernels=True)
+        rows.append({"kernel setting": TUNED_ROW, **width_times(runner, k, repeats),
+                     "chosen": "; ".join(f"width {key[0]}: {name}" for key, name in runner.graphs.choices.items())})
     return rows
+
+
+def started(model, k: int, prompt_tokens: int, **options) -> TargetModel:
+    """A TargetModel (`options`: cuda_graphs, tune_kernels) after a prompt of `prompt_tokens` tokens, with room for a
+    verification over k + 1."""
+    runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers), **options)
+    runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
+    return runner
+
+
+def width_times(runner: TargetModel, k: int, repeats: int) -> dict:
+    """Each width's step time (ms) and width k + 1 over width 1."""
+    row = {f"width {width} ms": round(step_ms(runner, width, repeats), 3) for width in range(1, k + 2)}
+    row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
+    return row
 
 
 def profile_widths(model, k: int, prompt_tokens: int, steps: int) -> pd.DataFrame:
@@ -95,8 +99,7 @@ def profile_widths(model, k: int, prompt_tokens: int, steps: int) -> pd.DataFram
 
     device = next(model.parameters()).device
     on_cuda = device.type == "cuda"
-    runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers))
-    runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
+    runner = started(model, k, prompt_tokens)
     cached = runner.length
     columns = {}
     for width in (1, k + 1):

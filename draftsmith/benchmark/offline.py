@@ -237,10 +237,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                  "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
                  runner.cache.max_length)
         if tune:
-            log_tuning("target", runner.graphs)
-            for method, proposer in proposers.items():
-                if isinstance(proposer, Eagle3Proposer):
-                    log_tuning(method, proposer.graphs)
+            for name, step_graphs in batch1_step_graphs(runner, proposers).items():
+                log_tuning(name, step_graphs)
 
     rows, outputs, rendered, categories = [], {m: {} for m in methods}, {}, {}
     unrepeatable: dict[str, list[str]] = {m: [] for m in methods}
@@ -301,7 +299,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
         "tune_kernels": tune,
-        "kernel_choices": kernel_choices(runner, proposers) if tune else None,
+        "kernel_choices": ({name: step_graphs.described_choices()
+                            for name, step_graphs in batch1_step_graphs(runner, proposers).items()} if tune else None),
         "repeats": repeats,
         "timing": "interleaved",
         "versions": package_versions(),
@@ -324,14 +323,11 @@ def log_tuning(name: str, graphs) -> None:
         log.info("%s step %s: %s (ms per replay: %s)", name, key, name_chosen, times)
 
 
-def kernel_choices(runner: TargetModel, proposers: dict) -> dict[str, dict[str, str]]:
-    """The kernel setting each tuned batch-1 step was captured with: the target's steps by (tokens, logits kept,
-    auxiliary states), each draft's rounds by (newly verified positions, k)."""
-    chosen = {"target": runner.graphs.described_choices()}
-    for method, proposer in proposers.items():
-        if isinstance(proposer, Eagle3Proposer):
-            chosen[method] = proposer.graphs.described_choices()
-    return chosen
+def batch1_step_graphs(runner: TargetModel, proposers: dict) -> dict:
+    """The batch-1 loops' captured steps by owner: the target's (keyed by tokens, logits kept, auxiliary states) and
+    each draft's rounds (keyed by newly verified positions, k)."""
+    return {"target": runner.graphs,
+            **{method: p.graphs for method, p in proposers.items() if isinstance(p, Eagle3Proposer)}}
 
 
 def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],

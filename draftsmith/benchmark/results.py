@@ -187,12 +187,19 @@ def ideal_speedup(acceptance_length: float, k: int, cost_ratio: float) -> float:
     return acceptance_length / (1 + k * cost_ratio)
 
 
+def verify_ratio(step_costs: dict | None) -> float | None:
+    """v = the verification step over k + 1 tokens / a one-token step, from draftsmith.benchmark.step_costs' times
+    (None without them: a summary of another backend, or from before they were timed)."""
+    if not step_costs or step_costs.get("verify_step_ms") is None or not step_costs.get("target_step_ms"):
+        return None
+    return step_costs["verify_step_ms"] / step_costs["target_step_ms"]
+
+
 def round_model_speedup(acceptance_length: float, k: int, step_costs: dict) -> float:
-    """tau / (v + k * c), v = the verification step's cost over a one-token step's: the speedup of a round costing its
-    k draft steps and its measured verification over k + 1 tokens; below ideal_speedup by what the verification's
-    width costs. An estimate from steps timed one by one (each with a host sync), not a bound."""
-    verify_ratio = step_costs["verify_step_ms"] / step_costs["target_step_ms"]
-    return acceptance_length / (verify_ratio + k * step_costs["cost_ratio"])
+    """tau / (v + k * c), v = verify_ratio: the speedup of a round costing its k draft steps and its measured
+    verification over k + 1 tokens; below ideal_speedup by what the verification's width costs. An estimate from
+    steps timed one by one (each with a host sync), not a bound."""
+    return acceptance_length / (verify_ratio(step_costs) + k * step_costs["cost_ratio"])
 
 
 def write_results(rows: list[dict], k: int, out_per_prompt, out_summary, meta: dict,

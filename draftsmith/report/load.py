@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftsmith.benchmark.results import first_size_rows
+from draftsmith.benchmark.results import first_size_rows, verify_ratio
 from draftsmith.extraction.shards import manifest_rebuild_hint
 from draftsmith.io import InvalidJSONFileError, read_json, sha256_file
 
@@ -57,13 +57,6 @@ def _read_csv(path, columns: list[str]) -> pd.DataFrame:
     return df
 
 
-def _ratio(costs: dict | None, num: str, den: str) -> float | None:
-    """costs[num] / costs[den] where both are there (a summary without step costs, or from before they had them)."""
-    if not costs or costs.get(num) is None or not costs.get(den):
-        return None
-    return costs[num] / costs[den]
-
-
 def _float(value) -> float:
     return math.nan if value is None else float(value)
 
@@ -98,7 +91,7 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
                                            if d and d.get("logit_gap") is not None), default=None),
                 "cost_ratio": (m.get("step_costs") or {}).get("cost_ratio"),
                 "ideal_speedup": m.get("ideal_speedup"),
-                "verify_ratio": _ratio(m.get("step_costs"), "verify_step_ms", "target_step_ms"),
+                "verify_ratio": verify_ratio(m.get("step_costs")),
                 "round_model_speedup": m.get("round_model_speedup"),
                 # timing (draftsmith.benchmark.results): absent or null where one run was timed (the vLLM backend)
                 "repeats": m.get("repeats") or 1,
