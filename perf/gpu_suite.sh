@@ -18,6 +18,8 @@
 #   perf/gpu_suite.sh smollm2    # the embedded default's model (SmolLM2-135M-Instruct) on all 80 MT-Bench questions
 #                                # (PER_CATEGORY=n: n questions per category; UNTIL=rule: stop after that rule;
 #                                # MAX_NEW_TOKENS=n; EXTRA_CONFIG="file ...": more config files on top;
+#                                # TARGETS="file ...": build only those (e.g. the first variant's summary.json,
+#                                # so that FP32_CHECK follows it at once rather than after every variant);
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
 #                                # the target's answers come back (with `poll`, as soon as all are written) as
 #                                # $res-data.txz.part_*: carry them as they came (git-ignored .carried/, 8 MB at the
@@ -140,7 +142,8 @@ smollm2)
   res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
-    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?; tail -n 40 "$OUT/snakemake.log"
+    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} ${TARGETS:-} > "$OUT/snakemake.log" 2>&1 || status=$?
+  tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs "$res"
   tar czf "$OUT/$res.tgz" $res/logs $res/benchmarks $res/report $res/benchmark \
@@ -153,7 +156,8 @@ smollm2)
     # (after $res.tgz took the bf16 results: this run replaces that variant's benchmark outputs)
     first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" \
       config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-})
-    printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft]\n' > /tmp/fp32-overlay.yaml  # losslessness: no prompt lookup
+    # losslessness, not speed: no prompt lookup, no kernel tuning (any kernels must give greedy's tokens)
+    printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft]\n  tune_kernels: false\n' > /tmp/fp32-overlay.yaml
     timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
       "$overlay" ${EXTRA_CONFIG:-} /tmp/fp32-overlay.yaml --resources gpu=1 "$res/benchmark/$first/summary.json" \
       > /tmp/snakemake-fp32.log 2>&1 || status=$?
