@@ -141,8 +141,8 @@ smollm2)
   fi
   res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)
-  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
-    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} ${TARGETS:-} > "$OUT/snakemake.log" 2>&1 || status=$?
+  timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake ${TARGETS:-} --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
+    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?
   tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs "$res"
