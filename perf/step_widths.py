@@ -63,9 +63,9 @@ def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNE
     on CUDA one more with each width captured the benchmark's way, tuned (a failure there fails the script)."""
     device = next(model.parameters()).device
     rows = []
-    for name, *setting in settings:
+    for name, blas, sdpa in settings:
         try:
-            with kernel_setting(*setting):
+            with kernel_setting(blas, sdpa):
                 rows.append({"kernel setting": name, **width_times(started(model, k, prompt_tokens,
                                                                          cuda_graphs=device.type == "cuda"), k, repeats)})
         except RuntimeError as e:  # the setting cannot run these shapes (or on this device)

@@ -28,13 +28,9 @@ from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.static_cache import (
     KERNEL_SETTINGS,
-    MATVEC_MAX_ROWS,
-    MATVEC_MAX_WEIGHT_BYTES,
     TUNING_MARGIN,
     StepGraphs,
     fastest_setting,
-    kernel_setting,
-    matvec_linear,
     prompt_bucket,
     replay_ms,
 )
@@ -327,41 +323,6 @@ def test_kernel_tuning_times_each_setting_the_device_runs_and_restores_the_defau
     assert name in runnable and all(ms > 0 for n, ms in times.items() if n in runnable)
     assert torch.backends.cuda.preferred_blas_library() == blas_before
     assert torch.equal(chosen(), step())
-
-
-@torch.inference_mode()
-def test_matvec_linears_compute_what_nn_linear_does_and_are_restored(tiny):
-    """The matrix-vector linears of a tuned setting: a few rows give nn.Linear's products (up to per-row rounding),
-    one row, many rows and a large weight take nn.Linear's own path, and a verification step of the tiny target
-    under the setting gives the default setting's logits; nn.Linear is itself again afterwards."""
-    torch.manual_seed(0)
-    small, large = torch.nn.Linear(48, 40), torch.nn.Linear(1024, (MATVEC_MAX_WEIGHT_BYTES >> 12) + 1, bias=False)
-    for rows in (1, 2, 4, MATVEC_MAX_ROWS, MATVEC_MAX_ROWS + 1):
-        x = torch.randn(1, rows, 48)
-        torch.testing.assert_close(matvec_linear(small, x), torch.nn.functional.linear(x, small.weight, small.bias))
-        if rows == 1 or rows > MATVEC_MAX_ROWS:
-            assert torch.equal(matvec_linear(small, x), torch.nn.functional.linear(x, small.weight, small.bias))
-    x = torch.randn(4, 1024)
-    assert torch.equal(matvec_linear(large, x), torch.nn.functional.linear(x, large.weight))
-
-    target = TargetModel(tiny["target"].model, AUX)
-    ids = tiny["prompts"][0]
-    target.start(ids, capacity=len(ids) + 8, with_aux=True)
-    cached, verify = target.length, torch.tensor([ids[-4:]])
-
-    def step():
-        out = [t.clone() for t in target.forward(verify, keep=4, with_aux=True)]
-        target.rewind(cached)
-        return out
-
-    default = step()
-    with kernel_setting(None, None, matvec_linears=True):
-        assert torch.nn.Linear.forward is matvec_linear
-        matvec = step()
-    assert torch.nn.Linear.forward is not matvec_linear
-    for a, b in zip(default, matvec):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert any(s.matvec_linears for s in KERNEL_SETTINGS)
 
 
 def test_kernel_tuning_keeps_the_first_setting_unless_another_is_clearly_faster():

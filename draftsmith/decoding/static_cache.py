@@ -16,7 +16,6 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -25,27 +24,14 @@ from draftsmith.target_model.layers import text_config
 
 log = logging.getLogger(__name__)
 
-class KernelSetting(NamedTuple):
-    """One way to run a captured step's kernels: GEMMs from `blas` (cublas or cublaslt), attention from the SDPA
-    backend `sdpa` (None: PyTorch's choice), and with `matvec_linears` a few-row nn.Linear as a batch of
-    matrix-vector products (`matvec_linears`)."""
-    name: str
-    blas: str | None
-    sdpa: SDPBackend | None
-    matvec_linears: bool = False
-
-
-# What a tuned capture tries, PyTorch's defaults first. At a few tokens a step, a small model's GEMMs are
-# matrix-vector shaped: cuBLAS and cuBLASLt may pick different kernels for them (and a verification's M = k + 1
-# differs from a decode step's M = 1), and the SDPA backends differ too. On one H100 SmolLM2-135M's steps kept
-# PyTorch's defaults, its draft's rounds gained 2% (docs/BENCHMARKS.md); a verification over 2-4 tokens cost 14% more
-# than a one-token step under every one of those six, hence the matrix-vector linears.
-KERNEL_SETTINGS = [KernelSetting(f"{blas} + {sdpa_name}", blas, sdpa)
+# What a tuned capture tries (name, BLAS library, SDPA backend; None: PyTorch's choice), PyTorch's defaults first.
+# At a few tokens a step, a small model's GEMMs are matrix-vector shaped: cuBLAS and cuBLASLt may pick different
+# kernels for them (and a verification's M = k + 1 differs from a decode step's M = 1), and the SDPA backends differ
+# too. On one H100 SmolLM2-135M's steps kept PyTorch's defaults, its draft's rounds gained 2% (docs/BENCHMARKS.md).
+KERNEL_SETTINGS = [(f"{blas} + {sdpa_name}", blas, sdpa)
                    for sdpa_name, sdpa in (("default SDPA", None), ("efficient SDPA", SDPBackend.EFFICIENT_ATTENTION),
                                            ("cuDNN SDPA", SDPBackend.CUDNN_ATTENTION))
-                   for blas in ("cublas", "cublaslt")] + [
-    KernelSetting(f"cublas + {sdpa_name} + matrix-vector linears", "cublas", sdpa, matvec_linears=True)
-    for sdpa_name, sdpa in (("default SDPA", None), ("cuDNN SDPA", SDPBackend.CUDNN_ATTENTION))]
+                   for blas in ("cublas", "cublaslt")]
 TUNING_MARGIN = 0.02  # another setting must be this much faster than the best so far to replace it (noise)
 
 
@@ -112,41 +98,18 @@ class CapturedStep:
         return self.outputs
 
 
-# Only few-row products of small weights become matrix-vector batches: each row reads the weight again (from L2 while
-# the weight fits there), so a large one (an lm_head) keeps its GEMM.
-MATVEC_MAX_ROWS = 16
-MATVEC_MAX_WEIGHT_BYTES = 8 << 20
-_LINEAR_FORWARD = torch.nn.Linear.forward
-
-
-def matvec_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear's forward with 2..MATVEC_MAX_ROWS rows as one batched matrix-vector product (bmm of the weight,
-    broadcast without a copy, by each row), one kernel where a few-row GEMM's tiles may take two; otherwise nn.Linear's
-    own. Same arithmetic, rounded per row."""
-    rows, weight = x.numel() // x.shape[-1], self.weight
-    if not 1 < rows <= MATVEC_MAX_ROWS or weight.numel() * weight.element_size() > MATVEC_MAX_WEIGHT_BYTES:
-        return _LINEAR_FORWARD(self, x)
-    out = torch.bmm(weight.expand(rows, *weight.shape), x.reshape(rows, x.shape[-1], 1))
-    out = out.view(*x.shape[:-1], weight.shape[0])
-    return out if self.bias is None else out + self.bias
-
-
 @contextlib.contextmanager
-def kernel_setting(blas: str | None, sdpa: SDPBackend | None, matvec_linears: bool = False):
-    """GEMMs from `blas` (cublas or cublaslt), attention from the SDPA backend `sdpa` (None: PyTorch's choice) and,
-    with `matvec_linears`, every nn.Linear's few-row products as `matvec_linear` inside; a captured graph keeps the
-    kernels chosen while it was captured."""
+def kernel_setting(blas: str | None, sdpa: SDPBackend | None):
+    """GEMMs from `blas` (cublas or cublaslt) and attention from the SDPA backend `sdpa` inside (None: PyTorch's
+    choice); a captured graph keeps the kernels chosen while it was captured."""
     previous = torch.backends.cuda.preferred_blas_library()
     if blas is not None:
         torch.backends.cuda.preferred_blas_library(blas)
-    if matvec_linears:
-        torch.nn.Linear.forward = matvec_linear
     try:
         with sdpa_kernel(sdpa) if sdpa is not None else contextlib.nullcontext():
             yield
     finally:
         torch.backends.cuda.preferred_blas_library(previous)
-        torch.nn.Linear.forward = _LINEAR_FORWARD
 
 
 def replay_ms(step: Callable[[], object], replays: int = 20, rounds: int = 3) -> float:
@@ -169,9 +132,9 @@ def fastest_setting(build: Callable[[], object], timer: Callable[[object], float
     whose kernels cannot run the step raises RuntimeError and is skipped), `timer(step)` times it. Returns the
     winner's name, its step and the ms of every setting (None where it could not run)."""
     best, times = None, {}
-    for name, *setting in settings:
+    for name, blas, sdpa in settings:
         try:
-            with kernel_setting(*setting):
+            with kernel_setting(blas, sdpa):
                 step = build()
         except RuntimeError as e:  # e.g. no SDPA kernel of that backend for these shapes
             log.debug("kernel setting %s cannot run this step: %s", name, str(e).splitlines()[0])
