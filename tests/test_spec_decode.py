@@ -7,12 +7,14 @@ briefly below on the target's own hidden states.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.benchmark.spec_decode import (
     Eagle3Proposer,
@@ -26,6 +28,7 @@ from draftsmith.benchmark.spec_decode import (
 )
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
+from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary
 from draftsmith.decoding.static_cache import (
     KERNEL_SETTINGS,
     TUNING_MARGIN,
@@ -323,6 +326,58 @@ def test_kernel_tuning_times_each_setting_the_device_runs_and_restores_the_defau
     assert name in runnable and all(ms > 0 for n, ms in times.items() if n in runnable)
     assert torch.backends.cuda.preferred_blas_library() == blas_before
     assert torch.equal(chosen(), step())
+
+
+def as_built(draft):
+    """`draft` with its RMSNorms' own forward and its own rotary embedding again (undoing what the proposers apply:
+    draft_kernels.fewer_kernels)."""
+    for module in draft.modules():
+        module.__dict__.pop("forward", None)
+    if isinstance(draft.rotary_emb, RotaryTable):
+        draft.rotary_emb = draft.rotary_emb.rotary
+    return draft
+
+
+@torch.inference_mode()
+def test_fewer_draft_kernels_compute_what_the_draft_s_own_modules_do(tiny):
+    """The proposers run the draft's Llama RMSNorms (4 in a one-layer EAGLE-3 draft) through PyTorch's fused
+    rms_norm and look its rotary embedding up in a table: on the tiny draft in float32 every norm's output matches the
+    module's own forward (the speculators classes), the table gives the rotary module's own cos and sin (clamped
+    past its length), and a proposer's rounds draft the same tokens either way."""
+    own = as_built(copy.deepcopy(tiny["trained"]))
+    fewer = copy.deepcopy(own)
+    assert fuse_rms_norms(fewer) == 4 == sum(isinstance(m, LlamaRMSNorm) for m in fewer.modules())
+    assert fuse_rms_norms(fewer) == 4 and tabulate_rotary(fewer) and tabulate_rotary(fewer)
+    hidden = torch.randn(1, 5, fewer.fc.out_features)
+    norms = [(m, t) for m, t in zip(fewer.modules(), own.modules()) if isinstance(m, LlamaRMSNorm)]
+    for mine, theirs in norms:
+        assert "forward" in vars(mine) and "forward" not in vars(theirs)
+        torch.testing.assert_close(mine(hidden), theirs(hidden), rtol=1e-6, atol=1e-6)
+        assert mine(hidden.double()).dtype == theirs(hidden.double()).dtype == torch.float64
+    table = fewer.rotary_emb
+    assert isinstance(table, RotaryTable) and table.rotary is not own.rotary_emb
+    last = table.length - 1
+    positions = torch.tensor([[0, 1, 7, last]])
+    for mine, theirs in zip(table(hidden, positions), own.rotary_emb(hidden, positions)):
+        assert torch.equal(mine, theirs)
+    for mine, theirs in zip(table(hidden, torch.tensor([[last + 5]])), own.rotary_emb(hidden, torch.tensor([[last]]))):
+        assert torch.equal(mine, theirs)
+    H = fewer.fc.in_features
+    for ids in tiny["prompts"]:
+        tokens = torch.tensor([ids[1:]])
+        aux = torch.randn(1, len(ids) - 1, H, generator=torch.Generator().manual_seed(len(ids)))
+        rounds = []
+        for keep_own in (True, False):
+            draft = copy.deepcopy(own)
+            proposer = Eagle3Proposer(draft)
+            if keep_own:
+                as_built(draft)
+            assert isinstance(draft.rotary_emb, RotaryTable) != keep_own
+            proposer.start(tokens, aux, capacity=len(ids) + 8)
+            first = proposer.propose([], 3)
+            proposer.accept(first[:2].view(1, -1), aux[:, -2:])
+            rounds.append(torch.cat([first, proposer.propose([], 3)]))
+        assert torch.equal(rounds[0], rounds[1]), (ids, rounds)
 
 
 def test_kernel_tuning_keeps_the_first_setting_unless_another_is_clearly_faster():

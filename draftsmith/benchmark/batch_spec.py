@@ -58,6 +58,7 @@ from draftsmith.benchmark.spec_decode import (
     synchronize,
     use_sdpa,
 )
+from draftsmith.decoding.draft_kernels import fewer_kernels
 from draftsmith.decoding.batch import BatchKV, attention_configs, grouped_attention, left_padded, row_mask
 from draftsmith.decoding.static_cache import StepGraphs
 
@@ -217,6 +218,7 @@ class BatchEagle3Proposer:
 
     def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
         use_sdpa(draft)
+        fewer_kernels(draft)
         self.draft = draft
         self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device, tune_kernels)
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from draftsmith.decoding.draft_kernels import fewer_kernels
 from draftsmith.decoding.static_cache import (
     StaticKV,
     StepGraphs,
@@ -398,6 +399,7 @@ class Eagle3Proposer:
 
     def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
         use_sdpa(draft)
+        fewer_kernels(draft)
         self.draft = draft
         self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
         self.cache: StaticKV | None = None

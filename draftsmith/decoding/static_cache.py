@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 # What a tuned capture tries (name, BLAS library, SDPA backend; None: PyTorch's choice), PyTorch's defaults first.
 # At a few tokens a step, a small model's GEMMs are matrix-vector shaped: cuBLAS and cuBLASLt may pick different
-# kernels for them (and a verification's M = k + 1 differs from a decode step's M = 1), and the SDPA backends differ
-# too. On one H100 SmolLM2-135M's steps kept PyTorch's defaults, its draft's rounds gained 2% (docs/BENCHMARKS.md).
+# kernels for them, and the SDPA backends differ too. On one H100 SmolLM2-135M's steps kept PyTorch's defaults (cuBLAS
+# ran the same GEMM kernels at 1 and 4 tokens; a verification's extra cost is elsewhere), its draft's rounds gained 2%
+# (docs/BENCHMARKS.md).
 KERNEL_SETTINGS = [(f"{blas} + {sdpa_name}", blas, sdpa)
                    for sdpa_name, sdpa in (("default SDPA", None), ("efficient SDPA", SDPBackend.EFFICIENT_ATTENTION),
                                            ("cuDNN SDPA", SDPBackend.CUDNN_ATTENTION))
