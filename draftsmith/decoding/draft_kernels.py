@@ -64,8 +64,9 @@ class RotaryTable(torch.nn.Module):
 
 def tabulate_rotary(draft: torch.nn.Module) -> bool:
     """Replace `draft.rotary_emb` by a RotaryTable over the draft's max_position_embeddings + 1 positions (EAGLE-3's
-    position ids run one ahead), unless its rope type rescales with the sequence length (dynamic, longrope) or it
-    is tabulated already. Returns whether it is tabulated now."""
+    position ids run one ahead; the tables hold 2 x head_dim values a position: 2 MB for SmolLM2's 8,192 in bf16),
+    unless its rope type rescales with the sequence length (dynamic, longrope) or it is tabulated already. Returns
+    whether it is tabulated now."""
     rotary = getattr(draft, "rotary_emb", None)
     if isinstance(rotary, RotaryTable):
         return True
