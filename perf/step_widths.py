@@ -9,11 +9,13 @@ cost model's 1.65x and the measured 1.45x. Each setting's steps are captured as 
 benchmark runs them) and run eagerly on a CPU; a setting that cannot run the step is reported as unavailable.
 
     python perf/step_widths.py --target results-smollm2-50k/target --k 3 --table perf/results/step_widths.md \
-        --profile perf/results/step_profile.md
+        --profile perf/results/step_profile.md --draft-rounds perf/results/draft_rounds.md
 
 `--profile` also writes what a width-1 step and a width-(k+1) verification run, kernel by kernel (torch.profiler over
 eager steps, whose kernels a graph replays; on a CPU the aten operators): calls and device time per step at each
-width, the largest differences first, so the width penalty is found where it lies.
+width, the largest differences first, so the width penalty is found where it lies. `--draft-rounds` times a draft
+round (the other part of a round's cost) with the draft's modules as built and with fewer kernels
+(draftsmith.decoding.draft_kernels), on a fresh draft of the target: a round's kernels do not depend on its weights.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.benchmark.spec_decode import TargetModel, synchronize
+from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
 from draftsmith.decoding.static_cache import KERNEL_SETTINGS, kernel_setting
 from draftsmith.devices import resolve_dtype
 from draftsmith.io import write_text
 from draftsmith.target_model.layers import default_aux_layer_ids, text_config
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.draft_model import build_draft
+from draftsmith.vocab import build_vocab_map
 
 
 def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
@@ -90,6 +94,44 @@ def width_times(runner: TargetModel, k: int, repeats: int) -> dict:
     row = {f"width {width} ms": round(step_ms(runner, width, repeats), 3) for width in range(1, k + 2)}
     row[f"width {k + 1} / width 1"] = round(row[f"width {k + 1} ms"] / row["width 1 ms"], 3)
     return row
+
+
+@torch.inference_mode()
+def draft_round_table(target: str, model, k: int, prompt_tokens: int, repeats: int, draft_vocab: int) -> list[dict]:
+    """A draft round's median time (ms), as the benchmark replays it after a verification that accepted all k drafts
+    (k + 1 newly verified positions, then k chain drafts), for a freshly initialised one-layer EAGLE-3 draft of
+    `target` (a round's kernels do not depend on the weights), with the draft's modules as built and with fewer
+    kernels (draftsmith.decoding.draft_kernels); a last row compares the two."""
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    vocab = text_config(model.config).vocab_size
+    size = min(draft_vocab, vocab)
+    d2t, t2d = build_vocab_map({t: 1 for t in range(size)}, size, vocab)
+    aux_ids = default_aux_layer_ids(text_config(model.config).num_hidden_layers)
+    rows = []
+    for fewer in (False, True):
+        draft = build_draft(TargetSpec(target), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, aux_ids)
+        draft = draft.to(device=device, dtype=dtype).eval()
+        proposer = Eagle3Proposer(draft, cuda_graphs=device.type == "cuda", fewer_kernels=fewer)
+        width = draft.fc.in_features
+        proposer.start(torch.zeros((1, prompt_tokens), dtype=torch.long, device=device),
+                       torch.zeros((1, prompt_tokens, width), dtype=dtype, device=device), capacity=prompt_tokens + 3 * k)
+        proposer.propose([], k)
+        verified = proposer.verified
+        accepted = (torch.zeros((1, k + 1), dtype=torch.long, device=device),
+                    torch.zeros((1, k + 1, width), dtype=dtype, device=device))
+        times = []
+        for i in range(repeats + 1):  # the first call captures the round's graph
+            proposer.verified = verified
+            proposer.accept(*accepted)
+            synchronize(device)
+            start = time.perf_counter()
+            proposer.propose([], k)
+            synchronize(device)
+            if i:
+                times.append(time.perf_counter() - start)
+        rows.append({"draft": "fewer kernels" if fewer else "as built", "round ms": round(1000 * statistics.median(times), 3)})
+    rows.append({"draft": "fewer kernels / as built", "round ms": round(rows[1]["round ms"] / rows[0]["round ms"], 3)})
+    return rows
 
 
 def profile_widths(model, k: int, prompt_tokens: int, steps: int) -> pd.DataFrame:
@@ -148,6 +190,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--table", required=True, help="the Markdown table to write")
     ap.add_argument("--profile", help="also write the kernel-by-kernel comparison of width 1 and k + 1 here")
+    ap.add_argument("--draft-rounds", help="also write a draft round's time, as built and with fewer kernels, here")
+    ap.add_argument("--draft-vocab", type=int, default=16384, help="the draft vocabulary of --draft-rounds' draft")
     ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--profile-rows", type=int, default=40, help="the largest differences kept (and the total)")
     args = ap.parse_args(argv)
@@ -163,6 +207,14 @@ def main(argv=None):
     text = caption + "\n\n" + pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False) + "\n"
     write_text(args.table, text)
     print(text)
+    if args.draft_rounds:
+        rows = draft_round_table(args.target, model, args.k, args.prompt_tokens, args.repeats, args.draft_vocab)
+        text = (f"A draft round (k = {args.k}, after a full acceptance) of a fresh one-layer EAGLE-3 draft of "
+                f"{args.target}, {args.draft_vocab}-token draft vocabulary, {dtype}, median of {args.repeats} rounds, "
+                f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}.\n\n"
+                + pd.DataFrame(rows).to_markdown(index=False) + "\n")
+        write_text(args.draft_rounds, text)
+        print(text)
     if args.profile:
         table = profile_widths(model, args.k, args.prompt_tokens, args.profile_steps)
         shown = pd.concat([table.iloc[:-1].head(args.profile_rows), table.iloc[-1:]])

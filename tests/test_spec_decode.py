@@ -369,9 +369,7 @@ def test_fewer_draft_kernels_compute_what_the_draft_s_own_modules_do(tiny):
         rounds = []
         for keep_own in (True, False):
             draft = copy.deepcopy(own)
-            proposer = Eagle3Proposer(draft)
-            if keep_own:
-                as_built(draft)
+            proposer = Eagle3Proposer(draft, fewer_kernels=not keep_own)
             assert isinstance(draft.rotary_emb, RotaryTable) != keep_own
             proposer.start(tokens, aux, capacity=len(ids) + 8)
             first = proposer.propose([], 3)

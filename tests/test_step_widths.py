@@ -48,3 +48,20 @@ def test_step_profile_compares_the_two_widths_operator_by_operator(tiny_target, 
                  "--profile-steps", "2", "--profile-rows", "5"])
     lines = [line for line in out.read_text().splitlines() if line.startswith("|")]
     assert len(lines) == 2 + 5 + 1 and lines[-1].split("|")[1].strip() == "total"
+
+
+def test_draft_rounds_time_the_draft_as_built_and_with_fewer_kernels(tiny_target, tmp_path):
+    """--draft-rounds on the CPU: a fresh draft of the tiny target, its round timed with the modules as built and
+    with fewer kernels (the proposers' default), and their ratio; the table written."""
+    module = load_perf_script("step_widths")
+    model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
+    rows = module.draft_round_table(str(tiny_target), model, k=2, prompt_tokens=12, repeats=3, draft_vocab=64)
+    assert [r["draft"] for r in rows] == ["as built", "fewer kernels", "fewer kernels / as built"]
+    assert rows[0]["round ms"] > 0 and rows[1]["round ms"] > 0
+    assert rows[2]["round ms"] == round(rows[1]["round ms"] / rows[0]["round ms"], 3)
+    table = tmp_path / "rounds.md"
+    module.main(["--target", str(tiny_target), "--k", "2", "--prompt-tokens", "12", "--repeats", "2", "--device", "cpu",
+                 "--dtype", "float32", "--table", str(tmp_path / "widths.md"), "--draft-rounds", str(table),
+                 "--draft-vocab", "64"])
+    lines = [line for line in table.read_text().splitlines() if line.startswith("|")]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["as built", "fewer kernels", "fewer kernels / as built"]

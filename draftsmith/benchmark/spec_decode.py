@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from draftsmith.decoding.draft_kernels import fewer_kernels
+from draftsmith.decoding import draft_kernels
 from draftsmith.decoding.static_cache import (
     StaticKV,
     StepGraphs,
@@ -392,14 +392,16 @@ class Eagle3Proposer:
     chain entries sit after them and are overwritten by the next round's verified ones. A round (the newly
     verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay;
     the prompt's round too, padded to the target's prompt buckets (the padding's slots, like the chain's, are
-    overwritten before anything attends to them). `tune_kernels`: as TargetModel's.
+    overwritten before anything attends to them). `tune_kernels`: as TargetModel's. `fewer_kernels`: the draft's
+    norms fused and its rotary embedding a table (draftsmith.decoding.draft_kernels; off: its modules as built).
     """
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
+    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False, fewer_kernels: bool = True):
         use_sdpa(draft)
-        fewer_kernels(draft)
+        if fewer_kernels:
+            draft_kernels.fewer_kernels(draft)
         self.draft = draft
         self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
         self.cache: StaticKV | None = None
