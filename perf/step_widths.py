@@ -21,9 +21,7 @@ round (the other part of a round's cost) with the draft's modules as built and w
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
+from draftsmith.benchmark.step_costs import median_ms
 from draftsmith.decoding.static_cache import KERNEL_SETTINGS, kernel_setting
 from draftsmith.devices import resolve_dtype
 from draftsmith.io import write_text
@@ -46,16 +45,8 @@ def step_ms(runner: TargetModel, width: int, repeats: int) -> float:
     cached = runner.length
     ids = torch.zeros((1, width), dtype=torch.long, device=runner.device)
     with_aux = width > 1 and bool(runner.aux_layer_ids)
-    times = []
-    for i in range(repeats + 1):  # the first call captures the step's graph
-        synchronize(runner.device)
-        start = time.perf_counter()
-        runner.forward(ids, keep=width, with_aux=with_aux)[0].argmax(-1).tolist()
-        synchronize(runner.device)
-        if i:
-            times.append(time.perf_counter() - start)
-        runner.rewind(cached)
-    return 1000 * statistics.median(times)
+    return median_ms(lambda: runner.forward(ids, keep=width, with_aux=with_aux)[0].argmax(-1).tolist(), runner.device,
+                     repeats, reset=lambda: runner.rewind(cached))
 
 
 TUNED_ROW = "tuned (the benchmark's choice per width)"
@@ -119,17 +110,14 @@ def draft_round_table(target: str, model, k: int, prompt_tokens: int, repeats: i
         verified = proposer.verified
         accepted = (torch.zeros((1, k + 1), dtype=torch.long, device=device),
                     torch.zeros((1, k + 1, width), dtype=dtype, device=device))
-        times = []
-        for i in range(repeats + 1):  # the first call captures the round's graph
+
+        def full_acceptance():  # each timed round follows a verification that accepted all k drafts
             proposer.verified = verified
             proposer.accept(*accepted)
-            synchronize(device)
-            start = time.perf_counter()
-            proposer.propose([], k)
-            synchronize(device)
-            if i:
-                times.append(time.perf_counter() - start)
-        rows.append({"draft": "fewer kernels" if fewer else "as built", "round ms": round(1000 * statistics.median(times), 3)})
+
+        full_acceptance()
+        ms = median_ms(lambda: proposer.propose([], k), device, repeats, reset=full_acceptance)
+        rows.append({"draft": "fewer kernels" if fewer else "as built", "round ms": round(ms, 3)})
     rows.append({"draft": "fewer kernels / as built", "round ms": round(rows[1]["round ms"] / rows[0]["round ms"], 3)})
     return rows
 

@@ -21,8 +21,12 @@ from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchr
 REPEATS = 20
 
 
-def _median_ms(fn, device, repeats: int = REPEATS) -> float:
-    fn()  # warm-up
+def median_ms(fn, device, repeats: int = REPEATS, reset=None) -> float:
+    """Median ms of `repeats` calls of `fn` after one warm-up call (where a graph is captured), each synchronised on
+    its own; `reset()`, untimed, after every call (e.g. a cache rewound to where the calls start)."""
+    reset = reset or (lambda: None)
+    fn()
+    reset()
     times = []
     for _ in range(repeats):
         synchronize(device)
@@ -30,6 +34,7 @@ def _median_ms(fn, device, repeats: int = REPEATS) -> float:
         fn()
         synchronize(device)
         times.append(time.perf_counter() - start)
+        reset()
     return 1000 * statistics.median(times)
 
 
@@ -61,8 +66,8 @@ def measure_step_costs(target: TargetModel, proposer: Eagle3Proposer, prompt_ids
         proposer.accept(token.view(1), aux_last)
         proposer.propose(context, k).tolist()
 
-    target_ms = _median_ms(target_step, target.device)
-    verify_ms = _median_ms(verify_step, target.device)
-    draft_ms = _median_ms(draft_round, target.device) / k
+    target_ms = median_ms(target_step, target.device)
+    verify_ms = median_ms(verify_step, target.device)
+    draft_ms = median_ms(draft_round, target.device) / k
     return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
             "cost_ratio": draft_ms / target_ms}
