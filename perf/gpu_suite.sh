@@ -160,8 +160,9 @@ smollm2)
       config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-})
     # losslessness, not speed: no prompt lookup, no kernel tuning (any kernels must give greedy's tokens)
     printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft]\n  tune_kernels: false\n' > /tmp/fp32-overlay.yaml
-    timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake --cores 16 --scheduler greedy --configfile config/gpu-smollm2.yaml \
-      "$overlay" ${EXTRA_CONFIG:-} /tmp/fp32-overlay.yaml --resources gpu=1 "$res/benchmark/$first/summary.json" \
+    # (the target first: after --configfile or --resources, snakemake would read it as one more of their values)
+    timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake "$res/benchmark/$first/summary.json" --cores 16 --scheduler greedy \
+      --configfile config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} /tmp/fp32-overlay.yaml --resources gpu=1 \
       > /tmp/snakemake-fp32.log 2>&1 || status=$?
     tail -n 5 /tmp/snakemake-fp32.log
     tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true

@@ -119,3 +119,35 @@ def test_carried_answers_unpack_from_the_parts_a_run_brings_back(tmp_path, capsy
         module.main([str(carried / "results-x-data.txz")])
     with pytest.raises(SystemExit, match="no missing.txz.part_"):
         module.main([str(carried / "missing.txz"), "--unpack-to", str(tmp_path / "u2")])
+
+
+def suite_snakemake_calls() -> list[str]:
+    """The argument text of each `python3 -m snakemake` call in perf/gpu_suite.sh (continuation lines joined, up to
+    the output redirection)."""
+    script = (REPO / "perf" / "gpu_suite.sh").read_text().replace("\\\n", " ")
+    return [line.split("python3 -m snakemake", 1)[1].split(" > ", 1)[0]
+            for line in script.splitlines() if "python3 -m snakemake" in line]
+
+
+def test_gpu_suite_snakemake_calls_parse_their_targets_as_targets():
+    """Twice a target placed after `--resources` (or a config file list) was read by Snakemake as one more value of
+    that option, which failed only on the GPU machine, after the training. Each call of the suite, expanded by bash as
+    the suite runs it, goes through Snakemake's own argument parser here: the targets are targets, the config files
+    config files, and the only resource is the GPU."""
+    from snakemake.cli import get_argument_parser
+
+    calls = suite_snakemake_calls()
+    assert len(calls) >= 4, calls
+    env = {"PATH": "/usr/bin:/bin", "res": "results-x", "first": "default", "overlay": "/tmp/overlay.yaml",
+           "EXTRA_CONFIG": "config/overlays/a.yaml config/overlays/b.yaml",
+           "TARGETS": "results-x/benchmark/default/summary.json results-x/benchmark/data_20/summary.json"}
+    for call in calls:
+        expanded = subprocess.run(["bash", "-c", f"printf '%s\\0' {call}"], env=env, capture_output=True, text=True,
+                                  check=True).stdout.split("\0")[:-1]
+        args = get_argument_parser().parse_args(expanded)
+        wanted = [word for word in expanded if word.startswith("results-x/")]
+        assert set(args.targets) == set(wanted), (call, args.targets)
+        assert set(map(str, args.configfile)) >= set(env["EXTRA_CONFIG"].split()), call
+        assert not any(str(c).startswith("results-x/") for c in args.configfile), call
+        if args.resources:
+            assert args.resources == {"gpu": 1}, (call, args.resources)
