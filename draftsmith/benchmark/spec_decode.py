@@ -30,8 +30,10 @@ from transformers import DynamicCache
 
 from draftsmith.decoding import draft_kernels
 from draftsmith.decoding.static_cache import (
+    SPAN_GRANULE,
     StaticKV,
     StepGraphs,
+    attention_span,
     full_attention_sdpa,
     keeps_logits,
     positions_and_mask,
@@ -104,15 +106,18 @@ class TargetModel:
     For full-attention SDPA models the cache is static (`StaticKV`, its own masks) and, with `cuda_graphs`,
     every step of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph, and so is each prompt, padded to
     a power-of-two bucket (`prompt_bucket`: the padding's cache slots lie past the prompt, masked until the next
-    steps overwrite them); other models decode eagerly with transformers' DynamicCache. Every path gives the
-    same tokens (tests/test_spec_decode.py). With `tune_kernels` each decoding step (not a prompt's) is captured under
-    every kernel setting and replayed with the fastest (`StepGraphs`)."""
+    steps overwrite them); other models decode eagerly with transformers' DynamicCache. A static step attends to
+    the cache's first slots only, as many as its sequence needs in multiples of SPAN_GRANULE (`attention_span`; one
+    capture per span; `whole_cache`: always all of them). Every path gives the same tokens
+    (tests/test_spec_decode.py). With `tune_kernels` each decoding step (not a prompt's) is captured under every
+    kernel setting and replayed with the fastest (`StepGraphs`; the spans of one width share its setting)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps run eagerly
 
     def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False,
-                 tune_kernels: bool = False):
+                 tune_kernels: bool = False, whole_cache: bool = False):
         self.model = model
+        self.whole_cache = whole_cache  # every step attends to every slot (perf/step_widths.py times both ways)
         self.device = next(model.parameters()).device
         self.aux_layer_ids = list(aux_layer_ids or [])
         self._capturing = False
@@ -165,10 +170,11 @@ class TargetModel:
         for bucket in buckets:
             for with_aux in {False, bool(self.aux_layer_ids)}:
                 self.start([0] * bucket, capacity=bucket + k + 1, with_aux=with_aux)
-        for q in range(1, k + 2):
-            for with_aux in {False, bool(self.aux_layer_ids)}:
-                self.forward(torch.zeros((1, q), dtype=torch.long, device=self.device), keep=q, with_aux=with_aux)
-                self.rewind(buckets[-1])
+        for span in range(SPAN_GRANULE, self.cache.max_length + SPAN_GRANULE, SPAN_GRANULE):  # every span of the cache
+            for q in range(1, k + 2):
+                for with_aux in {False, bool(self.aux_layer_ids)}:
+                    self.rewind(min(span, self.cache.max_length) - q)  # the last q slots of the span
+                    self.forward(torch.zeros((1, q), dtype=torch.long, device=self.device), keep=q, with_aux=with_aux)
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
@@ -192,14 +198,17 @@ class TargetModel:
             self._length.fill_(self.length)
             bucket = prompt_bucket(q)
             if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:  # a prompt, padded
-                step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux)
+                step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux,
+                                         span=attention_span(bucket, self.cache.max_length))
                 padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
                 logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded, tune=False)
                 out = logits[q - keep : q], (aux[:, :q] if with_aux else None)
             else:
-                step = functools.partial(self._step_static, keep=keep, with_aux=with_aux)
+                span = self.cache.max_length if self.whole_cache else attention_span(self.length + q, self.cache.max_length)
+                step = functools.partial(self._step_static, keep=keep, with_aux=with_aux, span=span)
                 captured = self.length and q <= self.MAX_GRAPH_WIDTH
-                out = self.graphs.run((q, keep, with_aux), step, input_ids) if captured else step(input_ids)
+                out = (self.graphs.run((q, keep, with_aux, span), step, input_ids, family=(q, keep, with_aux))
+                       if captured else step(input_ids))
         self.length += q
         return out
 
@@ -217,8 +226,9 @@ class TargetModel:
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if with_aux else None
         return out.logits[:, -keep:], aux
 
-    def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
-        positions, mask = positions_and_mask(self._length, input_ids.shape[1], self.cache.max_length)
+    def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
+        self.cache.span = span  # the attention layers read the cache's first `span` slots (a capture keeps it)
+        positions, mask = positions_and_mask(self._length, input_ids.shape[1], span)
         logits, aux = self.call(keep, with_aux, input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
                                 cache_position=positions, past_key_values=self.cache)
         return logits[0], aux

@@ -32,13 +32,12 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
-from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
+from draftsmith.decoding.static_cache import attention_span, full_attention_sdpa, keeps_logits
 
 log = logging.getLogger(__name__)
 
 GROUPED_SDPA = "draftsmith_grouped_sdpa"
 SLOT_GRANULE = 64  # cache length rounded up to this, so chunks of similar prompts share one cache
-SPAN_GRANULE = 128  # a decode step attends to the first `span` slots, a multiple of this: one captured graph each
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -423,7 +422,7 @@ class BatchDecoder:
                 self._prefill(rows, [prompts[i] for i in take], [seeds[i] for i in take])
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
-            taken = self._steps(self.sync_every, min(self.length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE))
+            taken = self._steps(self.sync_every, attention_span(needed, self.length))
             for row in range(self.batch_size):
                 if owner[row] >= 0:
                     row_slot[row] = min(row_slot[row] + taken, self.length - 1)

@@ -36,13 +36,26 @@ KERNEL_SETTINGS = [(f"{blas} + {sdpa_name}", blas, sdpa)
 TUNING_MARGIN = 0.02  # another setting must be this much faster than the best so far to replace it (noise)
 
 
+SPAN_GRANULE = 128  # a step attends to the first `span` slots of its cache, a multiple of this: one captured graph each
+
+
+def attention_span(needed: int, max_length: int) -> int:
+    """The slots a step attends to when its sequence fills the first `needed`: `needed` rounded up to SPAN_GRANULE,
+    at most the whole cache. SDPA with a mask reads every slot it is given, padding or not, and more so at several
+    queries: on one H100 SmolLM2's 4-token verification cost 0.53 ms more than a one-token step over 768 slots, 0.31
+    ms more over 256 (docs/BENCHMARKS.md, sixteenth session), so a step reads no more of the cache than it needs."""
+    return min(max_length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE)
+
+
 class StaticKV:
     """A preallocated KV cache for Hugging Face attention layers (their `update(key, value, layer_idx, kwargs)`),
-    written at `cache_kwargs["cache_position"]`; always returns the whole buffers, so the caller's attention mask
-    must hide every slot past the sequence (stale entries of a rewound step stay there until overwritten)."""
+    written at `cache_kwargs["cache_position"]`; returns the buffers' first `span` slots (all of them while `span` is
+    None), so the caller's attention mask must hide every slot past the sequence (stale entries of a rewound step
+    stay there until overwritten) and `span` must cover the sequence."""
 
     def __init__(self, max_length: int):
         self.max_length = max_length
+        self.span: int | None = None
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
 
@@ -54,15 +67,15 @@ class StaticKV:
         position = cache_kwargs["cache_position"]
         self.keys[layer_idx].index_copy_(2, position, key)
         self.values[layer_idx].index_copy_(2, position, value)
-        return self.keys[layer_idx], self.values[layer_idx]
+        return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
 
 
-def positions_and_mask(length: torch.Tensor, q: int, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def positions_and_mask(length: torch.Tensor, q: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions length..length+q-1 ([q]) of q new tokens after `length` cached ones (a device scalar [1]) and
-    their boolean SDPA mask over the whole static cache ([1, 1, q, max_length], True = attend)."""
+    their boolean SDPA mask over the cache's first `span` slots ([1, 1, q, span], True = attend)."""
     positions = length + torch.arange(q, device=length.device)
-    keys = torch.arange(max_length, device=length.device)
-    return positions, (keys[None, :] <= positions[:, None]).view(1, 1, q, max_length)
+    keys = torch.arange(span, device=length.device)
+    return positions, (keys[None, :] <= positions[:, None]).view(1, 1, q, span)
 
 
 def prompt_bucket(length: int, smallest: int = 16) -> int:
@@ -161,17 +174,24 @@ class StepGraphs:
         self.choices: dict = {}
         self.timings: dict = {}
 
-    def run(self, key, fn: Callable, *inputs: torch.Tensor, tune: bool = True):
+    def run(self, key, fn: Callable, *inputs: torch.Tensor, tune: bool = True, family=None):
         """`fn(*inputs)`, replayed from its capture under `key`; `tune=False` captures it with PyTorch's kernel
-        choices even when tuning (a step run once per prompt is not worth timing every setting for)."""
+        choices even when tuning (a step run once per prompt is not worth timing every setting for). Steps of one
+        `family` (default: the key; e.g. one width at several attention spans) share the setting tuned on the first
+        of them: the others are captured with it, untimed."""
         if not self.enabled:
             return fn(*inputs)
         if key not in self.steps:
             # the warm-up runs `fn` for real, so steps must be idempotent: state writes at positions the inputs set
-            if self.tune and tune:
-                name, self.steps[key], self.timings[key] = fastest_setting(
+            family = key if family is None else family
+            if self.tune and tune and family in self.choices:
+                _, blas, sdpa = next(s for s in KERNEL_SETTINGS if s[0] == self.choices[family])
+                with kernel_setting(blas, sdpa):
+                    self.steps[key] = CapturedStep(fn, list(inputs))
+            elif self.tune and tune:
+                name, self.steps[key], self.timings[family] = fastest_setting(
                     lambda: CapturedStep(fn, list(inputs)), timer=lambda step: replay_ms(step.graph.replay))
-                self.choices[key] = name
+                self.choices[family] = name
             else:
                 self.steps[key] = CapturedStep(fn, list(inputs))
         return self.steps[key](*inputs)
