@@ -23,6 +23,8 @@
 #                                # TARGETS="file ...": build only those (e.g. the first variant's summary.json,
 #                                # so that FP32_CHECK follows it at once rather than after every variant);
 #                                # FP32_CHECK=1: then the first variant's benchmark again in float32, in $res-fp32.tgz;
+#                                # THEN_TARGETS="file ...": after that, these in the run's own config (bf16), in
+#                                # $res-then.tgz (e.g. the learning curve's variants' summary.json: one launch for all);
 #                                # the target's answers come back (with `poll`, as soon as all are written) as
 #                                # $res-data.txz.part_*: pass CARRIED_DATA=<their path>/$res-data.txz (or a folder of
 #                                # unpacked <dataset>.jsonl files): those answers as local datasets, so the next run
@@ -168,6 +170,14 @@ smollm2)
       > /tmp/snakemake-fp32.log 2>&1 || status=$?
     tail -n 5 /tmp/snakemake-fp32.log
     tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true
+  fi
+  if [ -n "${THEN_TARGETS:-}" ] && [ -z "${status:-}" ]; then  # then more outputs in the run's own config (bf16)
+    timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake $THEN_TARGETS --cores 16 --scheduler greedy \
+      --configfile config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 > /tmp/snakemake-then.log 2>&1 || status=$?
+    tail -n 5 /tmp/snakemake-then.log
+    tar czf "$OUT/$res-then.tgz" $(for t in $THEN_TARGETS; do dirname "$t"; done) $res/draft/*/metrics.csv \
+      $res/draft/*/training_data.json $res/draft/*/config.json $res/logs/benchmark $res/logs/train_draft \
+      /tmp/snakemake-then.log || true
   fi
   if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then  # training throughput on these shards
     python3 perf/training_throughput.py --results "$res" --min-steps 100 --total-seq-length 8192 \

@@ -140,7 +140,8 @@ def test_gpu_suite_snakemake_calls_parse_their_targets_as_targets():
     assert len(calls) >= 4, calls
     env = {"PATH": "/usr/bin:/bin", "res": "results-x", "first": "default", "overlay": "/tmp/overlay.yaml",
            "EXTRA_CONFIG": "config/overlays/a.yaml config/overlays/b.yaml",
-           "TARGETS": "results-x/benchmark/default/summary.json results-x/benchmark/data_20/summary.json"}
+           "TARGETS": "results-x/benchmark/default/summary.json results-x/benchmark/data_20/summary.json",
+           "THEN_TARGETS": "results-x/benchmark/data_03/summary.json results-x/benchmark/data_20/summary.json"}
     for call in calls:
         expanded = subprocess.run(["bash", "-c", f"printf '%s\\0' {call}"], env=env, capture_output=True, text=True,
                                   check=True).stdout.split("\0")[:-1]
