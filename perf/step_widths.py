@@ -86,15 +86,22 @@ def started(model, k: int, prompt_tokens: int, **options) -> TargetModel:
 def span_table(model, k: int, prompt_tokens: int, repeats: int, cache_slots: int) -> list[dict]:
     """Each width's step time (PyTorch's kernel choices; CUDA graphs on a CUDA device) with a cache of `cache_slots`
     slots (the benchmark sizes it for its longest prompt and answer), the steps attending to every slot of it and to
-    the first span their `prompt_tokens`-token sequence needs (draftsmith.decoding.static_cache.attention_span)."""
-    rows = []
+    the first span their `prompt_tokens`-token sequence needs (draftsmith.decoding.static_cache.attention_span).
+    Both ways also verify the same k + 1 tokens once more (captured, as timed): the span's row gives the largest
+    difference of its logits from the whole cache's and whether every position's greedy token is the same, so a
+    span that changed the arithmetic shows before any training does."""
+    rows, logits = [], []
+    verify = torch.arange(7, 7 + k + 1).view(1, -1)
     for whole in (True, False):
         runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers),
                              cuda_graphs=next(model.parameters()).device.type == "cuda", whole_cache=whole)
         runner.start(list(range(1, prompt_tokens + 1)), capacity=cache_slots, with_aux=True)
         times = width_times(runner, k, repeats)
+        logits.append(runner.forward(verify.to(runner.device), keep=k + 1, with_aux=True)[0].float().cpu())
         read = runner.cache.max_length if whole else attention_span(prompt_tokens + k + 1, runner.cache.max_length)
         rows.append({"attention reads": f"{'the whole cache' if whole else 'the span needed'} ({read} slots)", **times})
+    rows[1]["max logit difference"] = float((logits[1] - logits[0]).abs().max())
+    rows[1]["same greedy tokens"] = bool(torch.equal(logits[1].argmax(-1), logits[0].argmax(-1)))
     return rows
 
 
@@ -230,7 +237,7 @@ def main(argv=None):
                 f"{args.cache_slots} slots, {dtype}, median of {args.repeats} steps, PyTorch's kernel choices, "
                 f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}: "
                 "the attention reading every slot (as before the spans) or the span the sequence needs.\n\n"
-                + pd.DataFrame(rows).to_markdown(index=False) + "\n")
+                + pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False) + "\n")
         write_text(args.spans, text)
         print(text)
     if args.profile:

@@ -78,6 +78,7 @@ def test_spans_time_each_width_reading_the_whole_cache_and_the_span_needed(tiny_
     assert [r["attention reads"] for r in rows] == [f"the whole cache ({4 * SPAN_GRANULE} slots)",
                                                     f"the span needed ({SPAN_GRANULE} slots)"]
     assert all(r[f"width {w} ms"] > 0 for r in rows for w in (1, 2, 3))
+    assert rows[1]["same greedy tokens"] is True and rows[1]["max logit difference"] < 1e-4, rows[1]  # float32
     table = tmp_path / "spans.md"
     module.main(["--target", str(tiny_target), "--k", "2", "--prompt-tokens", "12", "--repeats", "2", "--device", "cpu",
                  "--dtype", "float32", "--table", str(tmp_path / "widths.md"), "--spans", str(table),
