@@ -74,11 +74,11 @@ def widths_table(model, k: int, prompt_tokens: int, repeats: int, settings=KERNE
     return rows
 
 
-def started(model, k: int, prompt_tokens: int, **options) -> TargetModel:
-    """A TargetModel (`options`: cuda_graphs, tune_kernels) after a prompt of `prompt_tokens` tokens, with room for a
-    verification over k + 1."""
+def started(model, k: int, prompt_tokens: int, capacity: int | None = None, **options) -> TargetModel:
+    """A TargetModel (`options`: cuda_graphs, tune_kernels, whole_cache) after a prompt of `prompt_tokens` tokens,
+    its cache `capacity` slots (default: room for a verification over k + 1)."""
     runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers), **options)
-    runner.start(list(range(1, prompt_tokens + 1)), capacity=prompt_tokens + k + 1, with_aux=True)
+    runner.start(list(range(1, prompt_tokens + 1)), capacity=capacity or prompt_tokens + k + 1, with_aux=True)
     return runner
 
 
@@ -93,9 +93,8 @@ def span_table(model, k: int, prompt_tokens: int, repeats: int, cache_slots: int
     rows, logits = [], []
     verify = torch.arange(7, 7 + k + 1).view(1, -1)
     for whole in (True, False):
-        runner = TargetModel(model, default_aux_layer_ids(text_config(model.config).num_hidden_layers),
-                             cuda_graphs=next(model.parameters()).device.type == "cuda", whole_cache=whole)
-        runner.start(list(range(1, prompt_tokens + 1)), capacity=cache_slots, with_aux=True)
+        runner = started(model, k, prompt_tokens, capacity=cache_slots, whole_cache=whole,
+                         cuda_graphs=next(model.parameters()).device.type == "cuda")
         times = width_times(runner, k, repeats)
         logits.append(runner.forward(verify.to(runner.device), keep=k + 1, with_aux=True)[0].float().cpu())
         read = runner.cache.max_length if whole else attention_span(prompt_tokens + k + 1, runner.cache.max_length)
@@ -216,42 +215,36 @@ def main(argv=None):
     model = TargetSpec(args.target).load_causal_lm(dtype).to(device).eval()
     rows = widths_table(model, args.k, args.prompt_tokens, args.repeats)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    caption = (f"Target step cost by width, {args.target}, {args.prompt_tokens}-token context, {dtype}, median of "
-               f"{args.repeats} steps, {'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch "
-               f"{torch.__version__}. Width 1 is a target-only greedy step; width k + 1 a verification with the "
-               "auxiliary states.")
-    text = caption + "\n\n" + pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False) + "\n"
-    write_text(args.table, text)
-    print(text)
+    runs = f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}"
+    publish(args.table, f"Target step cost by width, {args.target}, {args.prompt_tokens}-token context, {dtype}, median "
+            f"of {args.repeats} steps, {runs}. Width 1 is a target-only greedy step; width k + 1 a verification with "
+            "the auxiliary states.", pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False))
     if args.draft_rounds:
         rows = draft_round_table(args.target, model, args.k, args.prompt_tokens, args.repeats, args.draft_vocab)
-        text = (f"A draft round (k = {args.k}, after a full acceptance) of a fresh one-layer EAGLE-3 draft of "
-                f"{args.target}, {args.draft_vocab}-token draft vocabulary, {dtype}, median of {args.repeats} rounds, "
-                f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}.\n\n"
-                + pd.DataFrame(rows).to_markdown(index=False) + "\n")
-        write_text(args.draft_rounds, text)
-        print(text)
+        publish(args.draft_rounds, f"A draft round (k = {args.k}, after a full acceptance) of a fresh one-layer EAGLE-3 "
+                f"draft of {args.target}, {args.draft_vocab}-token draft vocabulary, {dtype}, median of {args.repeats} "
+                f"rounds, {runs}.", pd.DataFrame(rows).to_markdown(index=False))
     if args.spans:
         rows = span_table(model, args.k, args.prompt_tokens, args.repeats, args.cache_slots)
-        text = (f"Target step cost by width, {args.target}, {args.prompt_tokens}-token context, a cache of "
-                f"{args.cache_slots} slots, {dtype}, median of {args.repeats} steps, PyTorch's kernel choices, "
-                f"{'CUDA graphs' if device.type == 'cuda' else 'eager'}, on {where}; torch {torch.__version__}: "
-                "the attention reading every slot (as before the spans) or the span the sequence needs.\n\n"
-                + pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False) + "\n")
-        write_text(args.spans, text)
-        print(text)
+        publish(args.spans, f"Target step cost by width, {args.target}, {args.prompt_tokens}-token context, a cache of "
+                f"{args.cache_slots} slots, {dtype}, median of {args.repeats} steps, PyTorch's kernel choices, {runs}: "
+                "the attention reading every slot (as before the spans) or the span the sequence needs.",
+                pd.DataFrame(rows).astype(object).fillna("").to_markdown(index=False))
     if args.profile:
         table = profile_widths(model, args.k, args.prompt_tokens, args.profile_steps)
         shown = pd.concat([table.iloc[:-1].head(args.profile_rows), table.iloc[-1:]])
-        caption = (f"What a width-1 step and a width-{args.k + 1} verification run, {args.target}, "
-                   f"{args.prompt_tokens}-token context, {dtype}, eager, {args.profile_steps} steps each, on {where}; "
-                   f"torch {torch.__version__}. Self time per step of each "
-                   f"{'kernel' if device.type == 'cuda' else 'aten operator'}, the largest differences first "
-                   f"({len(shown) - 1} of {len(table) - 1} shown; the total counts all).")
-        profile_text = caption + "\n\n" + shown.to_markdown(index=False) + "\n"
-        write_text(args.profile, profile_text)
-        print(profile_text)
+        publish(args.profile, f"What a width-1 step and a width-{args.k + 1} verification run, {args.target}, "
+                f"{args.prompt_tokens}-token context, {dtype}, eager, {args.profile_steps} steps each, on {where}; "
+                f"torch {torch.__version__}. Self time per step of each "
+                f"{'kernel' if device.type == 'cuda' else 'aten operator'}, the largest differences first "
+                f"({len(shown) - 1} of {len(table) - 1} shown; the total counts all).", shown.to_markdown(index=False))
 
+
+def publish(path: str, caption: str, table: str) -> None:
+    """`caption` and the Markdown `table` to `path` and to stdout."""
+    text = caption + "\n\n" + table + "\n"
+    write_text(path, text)
+    print(text)
 
 if __name__ == "__main__":
     main()

@@ -170,10 +170,11 @@ class TargetModel:
         for bucket in buckets:
             for with_aux in {False, bool(self.aux_layer_ids)}:
                 self.start([0] * bucket, capacity=bucket + k + 1, with_aux=with_aux)
-        for span in range(SPAN_GRANULE, self.cache.max_length + SPAN_GRANULE, SPAN_GRANULE):  # every span of the cache
+        spans = {self._span(n) for n in range(SPAN_GRANULE, self.cache.max_length + SPAN_GRANULE, SPAN_GRANULE)}
+        for span in sorted(spans):  # every span a step can read (with whole_cache: the whole cache only)
             for q in range(1, k + 2):
                 for with_aux in {False, bool(self.aux_layer_ids)}:
-                    self.rewind(min(span, self.cache.max_length) - q)  # the last q slots of the span
+                    self.rewind(span - q)  # the last q slots of the span
                     self.forward(torch.zeros((1, q), dtype=torch.long, device=self.device), keep=q, with_aux=with_aux)
 
     def rewind(self, length: int) -> None:
@@ -198,13 +199,12 @@ class TargetModel:
             self._length.fill_(self.length)
             bucket = prompt_bucket(q)
             if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:  # a prompt, padded
-                step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux,
-                                         span=attention_span(bucket, self.cache.max_length))
+                step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux, span=self._span(bucket))
                 padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
                 logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded, tune=False)
                 out = logits[q - keep : q], (aux[:, :q] if with_aux else None)
             else:
-                span = self.cache.max_length if self.whole_cache else attention_span(self.length + q, self.cache.max_length)
+                span = self._span(self.length + q)
                 step = functools.partial(self._step_static, keep=keep, with_aux=with_aux, span=span)
                 captured = self.length and q <= self.MAX_GRAPH_WIDTH
                 out = (self.graphs.run((q, keep, with_aux, span), step, input_ids, family=(q, keep, with_aux))
@@ -225,6 +225,10 @@ class TargetModel:
             self._capturing = False
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if with_aux else None
         return out.logits[:, -keep:], aux
+
+    def _span(self, needed: int) -> int:
+        """The cache slots a step whose sequence fills the first `needed` attends to."""
+        return self.cache.max_length if self.whole_cache else attention_span(needed, self.cache.max_length)
 
     def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
         self.cache.span = span  # the attention layers read the cache's first `span` slots (a capture keeps it)
