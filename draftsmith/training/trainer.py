@@ -232,6 +232,7 @@ class MetricsCSV(logging.Handler):
     def __init__(self, path: Path, variant: str, ttt_steps: int, bar: tqdm | None):
         super().__init__()
         self.path, self.variant, self.bar = path, variant, bar
+        self.started, self.first_step_seen = time.monotonic(), False
         keys = [f"{kind}_{i}" for kind in ("loss", "full_acc", "cond_acc") for i in range(ttt_steps)]
         # wall: the Unix time the record arrived, so step times and pauses (validation, checkpoints) show in the CSV
         self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys + [PREDICTED, "wall"]
@@ -247,6 +248,9 @@ class MetricsCSV(logging.Handler):
             return
         if "train" in msg:
             row = {"split": "train", "lr": msg.get("lr"), **msg["train"]}
+            if not self.first_step_seen:  # compiling and the first batch's loading: on a GPU, minutes
+                self.first_step_seen = True
+                log.info("first optimizer step done %.1f s after training started", time.monotonic() - self.started)
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix(epoch=msg["epoch"], loss=f"{msg['train'].get('loss', float('nan')):.3f}")
@@ -264,6 +268,19 @@ class MetricsCSV(logging.Handler):
         row.update(variant=self.variant, epoch=msg["epoch"], step=step, wall=f"{time.time():.3f}")
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in self.columns])
+
+
+def compile_seconds() -> tuple[float, float] | None:
+    """Seconds torch.compile has spent in this process so far compiling forward graphs (tracing included) and
+    backward graphs, from Dynamo's own counters; None where this torch lacks them (a private API, so probed)."""
+    try:
+        from torch._dynamo.utils import compile_times
+
+        names, values = compile_times(repr="csv", aggregate=True)
+    except (ImportError, TypeError, ValueError):
+        return None
+    times = dict(zip(names, (float(v) for v in values)))
+    return times.get("_compile.compile_inner", 0.0), times.get("compile_fx.<locals>.bw_compiler", 0.0)
 
 
 def upgrade_metrics_header(path: Path, columns: list[str]) -> None:
@@ -615,8 +632,13 @@ def run_training(args: dict) -> None:
             if trainer.current_epoch:
                 log.info("resuming from the checkpoint of epoch %d (full-precision weights and optimizer state, RNG "
                          "states, step %d)", trainer.current_epoch - 1, trainer.global_step)
+        compiled_before = compile_seconds()
         with matmul_precision(cfg["tf32"]):
             trainer.run_training()
+        compiled_after = compile_seconds()
+        if rank == 0 and compiled_before is not None and compiled_after is not None:
+            forward, backward = (after - before for after, before in zip(compiled_after, compiled_before))
+            log.info("torch.compile: %.1f s compiling forward graphs, %.1f s backward graphs", forward, backward)
     finally:
         if handler is not None:
             metric_logger.removeHandler(handler)
