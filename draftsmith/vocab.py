@@ -48,6 +48,24 @@ def build_vocab_map(freq: dict[int, int], draft_vocab_size: int, target_vocab_si
     return d2t.numpy().astype(np.int64), t2d.numpy().astype(bool)
 
 
+def vocab_coverage(freq: dict[int, int], sizes: list[int]) -> dict[int, float]:
+    """The share of the counted (assistant) tokens that a draft vocabulary of each size holds: the most frequent
+    `size` tokens, as build_vocab_map picks them. A token outside it can never be drafted, so 1 - coverage caps what
+    the draft can accept at each position: the measure to choose vocab.draft_vocab_size by."""
+    counts = sorted(freq.values(), reverse=True)
+    total = sum(counts) or 1
+    return {n: sum(counts[:n]) / total for n in sizes}
+
+
+def coverage_line(freq: dict[int, int], draft_vocab_size: int, target_vocab_size: int) -> str:
+    """What the chosen draft vocabulary covers, beside half and twice its size (where the target has that many)."""
+    sizes = [n for n in (draft_vocab_size // 2, draft_vocab_size, 2 * draft_vocab_size) if 1 <= n <= target_vocab_size]
+    covered = vocab_coverage(freq, sizes)
+    others = ", ".join(f"{n} would cover {100 * covered[n]:.2f}%" for n in sizes if n != draft_vocab_size)
+    return (f"draft vocab {draft_vocab_size} of {target_vocab_size} target tokens covers "
+            f"{100 * covered[draft_vocab_size]:.2f}% of assistant tokens" + (f" ({others})" if others else ""))
+
+
 def save_npy(path: str | Path, array: np.ndarray) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.save(f, array)  # a file object: np.save would append ".npy" to a path

@@ -15,6 +15,7 @@ from test_report import html_tables
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.shards import validate_shard
 from draftsmith.io import sha256_file
+from draftsmith.vocab import coverage_line
 
 
 def test_spine_outputs_are_real_and_consistent(pipeline_run):
@@ -148,6 +149,8 @@ def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
     freqs = [torch.load(r / "vocab" / d / "token_freq.pt", weights_only=True) for d in ("synthetic", "extra")]
     combined = torch.load(r / "vocab" / "token_freq.pt", weights_only=True)
     assert combined == {t: freqs[0].get(t, 0) + freqs[1].get(t, 0) for t in set(freqs[0]) | set(freqs[1])}
+    vocab_log = (r / "logs" / "vocab_map.log").read_text()  # the coverage line, from the combined counts
+    assert coverage_line(combined, len(np.load(r / "vocab" / "d2t.npy")), 512) in vocab_log
     assert json.loads((r / "prepared" / "extra" / "stats.json").read_text())["records_kept"] == 60
     manifests = sorted(r.glob("shards/*/shard_*/manifest.json"))
     assert {m.parent.parent.name for m in manifests} == {"synthetic", "extra"}

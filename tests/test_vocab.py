@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftsmith.vocab import build_vocab_map, combine_frequencies, save_npy
+from draftsmith.vocab import build_vocab_map, combine_frequencies, coverage_line, save_npy, vocab_coverage
 
 
 def test_vocab_map_selects_the_most_frequent_tokens_deterministically(tmp_path):
@@ -31,3 +31,15 @@ def test_draft_vocab_larger_than_target_is_a_clear_error():
         build_vocab_map({1: 1}, 32, 16)
     with pytest.raises(ValueError, match="outside the target vocabulary"):
         build_vocab_map({99: 1}, 4, 16)
+
+
+def test_coverage_is_the_share_of_counted_tokens_the_chosen_vocabulary_holds():
+    freq = {5: 100, 9: 50, 2: 50, 7: 1, 11: 30, 3: 9}  # 240 counted tokens
+    d2t, t2d = build_vocab_map(freq, draft_vocab_size=3, target_vocab_size=16)
+    held = sum(c for t, c in freq.items() if t2d[t])
+    assert vocab_coverage(freq, [3]) == {3: pytest.approx(held / 240)} == {3: pytest.approx(200 / 240)}
+    assert vocab_coverage(freq, [1, 6, 16]) == {1: pytest.approx(100 / 240), 6: 1.0, 16: 1.0}
+    assert coverage_line(freq, 3, 16) == ("draft vocab 3 of 16 target tokens covers 83.33% of assistant tokens "
+                                          "(1 would cover 41.67%, 6 would cover 100.00%)")
+    assert coverage_line(freq, 16, 16) == ("draft vocab 16 of 16 target tokens covers 100.00% of assistant tokens "
+                                           "(8 would cover 100.00%)")
