@@ -46,6 +46,11 @@ def run(main, snakemake) -> None:
         pass
     log = logging.getLogger(f"draftsmith.rule.{snakemake.rule}")
     log.info("rule %s started (threads=%d)", snakemake.rule, threads)
+    results = (getattr(snakemake, "config", None) or {}).get("results")
+    if results:
+        from draftsmith.compiling import use_results_cache
+
+        use_results_cache(results)
     from draftsmith.devices import claim_gpus
 
     try:

@@ -162,5 +162,7 @@ def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
     log = (workdir / "results" / "logs" / "train_draft" / "default.log").read_text()
     match = re.search(r"training on (\d+) samples \(\d+ tokens; data_fraction 1.0\) from 4 shards; (\d+) samples held out", log)
     assert match and int(match.group(1)) + int(match.group(2)) == 160 + 60
+    # the rule points torch.compile's cache at its results tree (nothing compiles on the CPU: zero graphs)
+    assert f"0 graphs from the cache, 0 compiled ({(workdir / 'results' / '.cache' / 'torch_compile').resolve()})" in log
     report = (r / "report" / "report.md").read_text()
     assert "deep" in report and "extra" in report and "default" in report

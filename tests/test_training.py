@@ -19,7 +19,7 @@ from draftsmith.provenance import model_fingerprint
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.attention import dense_mask, dense_mask_sdpa_forward, flex_attention_trains_on
 from draftsmith.training.draft_model import build_draft, load_draft
-from draftsmith.training.trainer import TrainingInputError, check_inputs, compile_seconds, train_draft
+from draftsmith.training.trainer import TrainingInputError, check_inputs, train_draft
 from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
 
 AUX = [1, 3, 4]
@@ -331,23 +331,12 @@ def test_every_validation_predicts_the_chain_acceptance_length(training_inputs, 
     assert last["predicted_acceptance_length"] == float(val[-1]["predicted_acceptance_length"])
 
 
-def test_compile_seconds_counts_a_real_compile_forward_and_backward():
-    """Where a GPU run's minutes before its first step go: the training log's torch.compile line reads these
-    counters (Dynamo's own, a private API); a real compile of a function and its gradient moves both."""
-    before = compile_seconds()
-    assert before is not None, "this torch has no torch._dynamo.utils.compile_times: the training log loses its line"
-    compiled = torch.compile(lambda x: (x * 3).cos().sum())
-    compiled(torch.randn(5, requires_grad=True)).backward()
-    forward, backward = (after - earlier for after, earlier in zip(compile_seconds(), before))
-    assert forward > 0 and backward > 0
-
-
 def test_the_log_says_when_the_first_optimizer_step_finished(training_inputs, tiny_target, caplog):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="draftsmith.training"):
         train(training_inputs, tiny_target, "first_step", epochs=1)
     assert caplog.text.count("first optimizer step done") == 1
-    assert "torch.compile: " in caplog.text and "s backward graphs" in caplog.text
+    assert "torch.compile: " in caplog.text and " compiled (" in caplog.text
 
 
 def test_a_resumed_run_brings_an_older_metrics_csv_to_todays_columns(finished_run, training_inputs, tiny_target,

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from draftsmith.compiling import compile_totals, describe
 from draftsmith.extraction.shards import read_manifest, shard_files, validate_shard
 from draftsmith.io import atomic_path, write_json
 from draftsmith.provenance import same_model
@@ -268,19 +269,6 @@ class MetricsCSV(logging.Handler):
         row.update(variant=self.variant, epoch=msg["epoch"], step=step, wall=f"{time.time():.3f}")
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in self.columns])
-
-
-def compile_seconds() -> tuple[float, float] | None:
-    """Seconds torch.compile has spent in this process so far compiling forward graphs (tracing included) and
-    backward graphs, from Dynamo's own counters; None where this torch lacks them (a private API, so probed)."""
-    try:
-        from torch._dynamo.utils import compile_times
-
-        names, values = compile_times(repr="csv", aggregate=True)
-    except (ImportError, TypeError, ValueError):
-        return None
-    times = dict(zip(names, (float(v) for v in values)))
-    return times.get("_compile.compile_inner", 0.0), times.get("compile_fx.<locals>.bw_compiler", 0.0)
 
 
 def upgrade_metrics_header(path: Path, columns: list[str]) -> None:
@@ -632,13 +620,12 @@ def run_training(args: dict) -> None:
             if trainer.current_epoch:
                 log.info("resuming from the checkpoint of epoch %d (full-precision weights and optimizer state, RNG "
                          "states, step %d)", trainer.current_epoch - 1, trainer.global_step)
-        compiled_before = compile_seconds()
+        compiled_before = compile_totals()
         with matmul_precision(cfg["tf32"]):
             trainer.run_training()
-        compiled_after = compile_seconds()
+        compiled_after = compile_totals()
         if rank == 0 and compiled_before is not None and compiled_after is not None:
-            forward, backward = (after - before for after, before in zip(compiled_after, compiled_before))
-            log.info("torch.compile: %.1f s compiling forward graphs, %.1f s backward graphs", forward, backward)
+            log.info(describe(compiled_before, compiled_after))
     finally:
         if handler is not None:
             metric_logger.removeHandler(handler)
