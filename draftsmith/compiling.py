@@ -18,9 +18,21 @@ _INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def use_results_cache(results: str | Path) -> str:
-    """Point Inductor's cache at <results>/.cache/torch_compile unless the environment already names one; read
-    lazily by torch, so this holds for any compile later in the process (and in processes it starts)."""
-    return os.environ.setdefault(_INDUCTOR, str(Path(results).resolve() / CACHE_DIR))
+    """Point Inductor's cache at <results>/.cache/torch_compile unless the environment names one of its own; read
+    lazily by torch, so this holds for any compile later in the process (and in processes it starts). torch writes
+    its default (/tmp/torchinductor_<user>) into the environment of any process that compiled, so a parent that
+    compiled passes that on: it counts as unset, not as a user's choice."""
+    if os.environ.get(_INDUCTOR) in (None, _torch_default()):
+        os.environ[_INDUCTOR] = str(Path(results).resolve() / CACHE_DIR)
+    return os.environ[_INDUCTOR]
+
+
+def _torch_default() -> str | None:
+    try:  # a module without torch dependencies, cheap at a rule's start; private, so probed
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
 
 
 def compile_totals() -> dict[str, float] | None:

@@ -246,5 +246,6 @@ def publish(path: str, caption: str, table: str) -> None:
     write_text(path, text)
     print(text)
 
+
 if __name__ == "__main__":
     main()

@@ -73,10 +73,7 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config."""
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile",
            str(workdir / "config.yaml"), "--cores", "2", *args]
-    # torch writes TORCHINDUCTOR_CACHE_DIR (and Triton's) into os.environ once a test in this process compiled: a
-    # rule must see a user's environment, not that side effect, or it would not use its results tree's cache
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    env["PYTHONUNBUFFERED"] = "1"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
