@@ -177,8 +177,8 @@ def main():
     ap.add_argument("--greedy-all", action="store_true",
                     help="also every prompt once, greedy, at the largest batch (the decode step without a sampler)")
     ap.add_argument("--compile-sampler", action="store_true",
-                    help="also the largest batch sampled with the token choice compiled (torch.compile), at each "
-                         "of --sync-every")
+                    help="also each batch size sampled with the token choice compiled (torch.compile) at the first "
+                         "--sync-every, and the largest at each of the others")
     ap.add_argument("--sync-every", default="8", help="decode steps between the host's looks, for the compiled runs")
     ap.add_argument("--compile-layers", action="store_true",
                     help="last, the compiled-sampler run at the first --sync-every with the model's RMSNorm and MLP "
@@ -243,9 +243,12 @@ def main():
     largest = max(batch_sizes)
     label = f"sampled, {args.samples} per prompt"
     sweep = [measure(label, requests, sampled, batch) for batch in batch_sizes if args.eager_sampler == "yes"]
-    for sync_every in [int(n) for n in args.sync_every.split(",")] if args.compile_sampler else []:
+    syncs = [int(n) for n in args.sync_every.split(",")]
+    # compiled: every batch size at the first --sync-every, the largest at each of the others
+    for batch, sync_every in [(b, syncs[0]) for b in batch_sizes] + [(largest, n) for n in syncs[1:]] \
+            if args.compile_sampler else []:
         sweep.append(measure(f"{label}, compiled sampler, a look every {sync_every} steps", requests, sampled,
-                             largest, compile_sampler=True, sync_every=sync_every))
+                             batch, compile_sampler=True, sync_every=sync_every))
     greedy_all = None
     if args.greedy_all:
         once = [{"prompt_ids": p, "seed": 0} for p in ids]
@@ -253,7 +256,7 @@ def main():
     if args.profile:
         profile_steps(model, ids, sampled, largest, args.profile)
     if args.compile_layers:  # last: it compiles the model's modules in place
-        sync_every = int(args.sync_every.split(",")[0])
+        sync_every = syncs[0]
         sweep.append(measure(f"{label}, compiled sampler and RMSNorm/MLP, a look every {sync_every} steps", requests,
                              sampled, largest, compile_sampler=True, sync_every=sync_every, compile_layers=True))
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
@@ -273,18 +276,19 @@ def main():
                                "identical_answers": same},
               "versions": package_versions(["torch", "transformers"])}
     write_json(args.out_json, result)
-    rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | mean span | bytes bound "
-            "tokens/s | compute bound tokens/s | launch bound tokens/s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | tokens per step | mean span "
+            "| bytes bound tokens/s | compute bound tokens/s | launch bound tokens/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             f"| before: transformers generate, dynamic cache (greedy, side by side) | {before['batch']} | "
             f"{before['prompts']} | {before['new_tokens']:,} | {before['seconds']:.1f} | "
-            f"{before['new_tokens_per_s']:,.0f} | | | | | |",
+            f"{before['new_tokens_per_s']:,.0f} | | | | | | |",
             f"| batched decoder (greedy, side by side) | {after['batch']} | {after['prompts']} | "
-            f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | | | |"]
+            f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | | | | |"]
     for r in sweep + ([greedy_all] if greedy_all else []):
         bound = f"{r['bytes_bound_tokens_per_s']:,.0f}" if "bytes_bound_tokens_per_s" in r else "n/a"
         rows.append(f"| batched decoder ({r['path']}) | {r['batch']} | {r['prompts']} | {r['new_tokens']:,} | "
                     f"{r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | {r['measured_step_ms']:.2f} | "
+                    f"{r['new_tokens'] / max(1, r['decode_steps']):.0f} | "
                     f"{r['mean_span']:.0f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} | "
                     f"{r['launch_bound_tokens_per_s']:,.0f} |")
     head = (f"Regenerate throughput, SmolLM2-135M-Instruct, {result['dtype']}, {len(prompts)} distinct real prompts, max_new_tokens "

@@ -53,6 +53,27 @@ def test_greedy_rows_equal_plain_generate_with_refill_and_early_stops(tiny, batc
     assert len({len(p) for p in prompts}) > 5  # prompts of different lengths share the batch
 
 
+def test_prefill_split_into_small_forwards_gives_the_same_answers(tiny):
+    """A refill of many rows in forwards of at most `prefill_limit` tokens (rows x their longest prompt; here the longest
+    prompt alone) decodes what one forward per refill decodes, greedy and sampled."""
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS)
+    budget = max(map(len, prompts))
+    sampling, seeds = Sampling(temperature=0.9, top_p=0.9), list(range(len(prompts)))
+    split = BatchDecoder(model, 8, prefill_limit=budget)
+    whole = BatchDecoder(model, 8)
+    assert split.generate(prompts, 20, stops) == whole.generate(prompts, 20, stops)
+    assert split.generate(prompts, 20, stops, sampling, seeds) == whole.generate(prompts, 20, stops, sampling, seeds)
+    forwards = []
+    split._prefill = lambda rows, group, *rest: (forwards.append([len(p) for p in group]),
+                                                 BatchDecoder._prefill(split, rows, group, *rest))
+    split.generate(prompts, 20, stops)
+    assert forwards[0] == [budget] and sum(map(len, forwards)) == len(prompts)
+    assert all(len(f) * max(f) <= budget for f in forwards) and max(map(len, forwards)) > 1
+    with pytest.raises(ValueError, match="prefill_limit"):
+        BatchDecoder(model, 8, prefill_limit=0)
+
+
 def test_steps_attend_to_no_more_slots_than_the_busy_rows_need(tiny):
     """A long prompt first (the queue takes the longest first), short ones after it: once the long row has ended,
     the steps attend to a shorter span of the cache than its length, and every row still equals `generate`."""

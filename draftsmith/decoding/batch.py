@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 GROUPED_SDPA = "draftsmith_grouped_sdpa"
 SLOT_GRANULE = 64  # cache length rounded up to this, so chunks of similar prompts share one cache
+# tokens (rows x the longest prompt) one prefill forward takes at most: its mask grows with rows x width^2, and a
+# refill of 2,048 rows of 1,024-token prompts in one forward would need ~60 GB for the mask alone
+PREFILL_LIMIT = 32768
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -240,10 +243,12 @@ class BatchDecoder:
     the decode step's token choice to torch.compile (fused kernels: each bisection step of the nucleus reads the
     vocabulary once instead of three times); the first step compiles it, outside any graph capture.
     `compile_layers` compiles the model's RMSNorm and MLP modules in place (their elementwise kernels fused; their
-    shapes do not change with the attention span, so the decode steps' graphs share one compiled version)."""
+    shapes do not change with the attention span, so the decode steps' graphs share one compiled version).
+    A refill's prefill runs in forwards of at most `prefill_limit` tokens (rows x their longest prompt), so that a large
+    batch of long prompts needs no more memory to start than a small one."""
 
     def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
-                 compile_sampler: bool = False, compile_layers: bool = False):
+                 compile_sampler: bool = False, compile_layers: bool = False, prefill_limit: int = PREFILL_LIMIT):
         if not full_attention_sdpa(model):
             raise ValueError("the batched decoder needs a full-attention SDPA model (no sliding windows)")
         if batch_size < 1:
@@ -255,6 +260,9 @@ class BatchDecoder:
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {self.device.type})")
         self.sync_every = max(1, sync_every)
+        if prefill_limit < 1:
+            raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
+        self.prefill_limit = prefill_limit
         self._keeps_logits = keeps_logits(model)
         self._choose = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         if compile_layers:
@@ -414,12 +422,15 @@ class BatchDecoder:
         window = 0
         while queue or len(free) < self.batch_size:
             if queue and free and (len(free) >= min(refill_at, len(queue)) or len(free) == self.batch_size):
-                take = [queue.pop() for _ in range(min(len(free), len(queue)))]
-                rows = [free.pop() for _ in take]
-                width = max(len(prompts[i]) for i in take)
-                for row, i in zip(rows, take):
-                    owner[row], filled_in[row], row_slot[row] = i, window, width
-                self._prefill(rows, [prompts[i] for i in take], [seeds[i] for i in take])
+                take = [queue.pop() for _ in range(min(len(free), len(queue)))]  # longest first
+                while take:  # a forward of at most prefill_limit tokens (rows x the longest), one row at least
+                    group = take[: max(1, self.prefill_limit // len(prompts[take[0]]))]
+                    take = take[len(group):]
+                    rows = [free.pop() for _ in group]
+                    width = max(len(prompts[i]) for i in group)
+                    for row, i in zip(rows, group):
+                        owner[row], filled_in[row], row_slot[row] = i, window, width
+                    self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
             taken = self._steps(self.sync_every, attention_span(needed, self.length))
