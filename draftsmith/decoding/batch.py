@@ -25,6 +25,7 @@ matrix products, are what a decode step's time goes to.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -276,6 +277,9 @@ class BatchDecoder:
         self.decode_steps = 0  # counters, for throughput reports
         self.span_steps: Counter = Counter()  # decode steps by attention span
         self.prefill_tokens = 0
+        self.prefill_seconds = 0.0  # on CUDA: the device's time in prefills
+        self.host_wait_seconds = 0.0  # the host's time waiting for the device (each window's row state)
+        self._prefill_events: list = []
 
     # ------------------------------------------------------------------ state
     def _reset(self, length: int, max_new_tokens: int, sampling: Sampling, stop_ids: list[int]) -> None:
@@ -430,7 +434,8 @@ class BatchDecoder:
                     width = max(len(prompts[i]) for i in group)
                     for row, i in zip(rows, group):
                         owner[row], filled_in[row], row_slot[row] = i, window, width
-                    self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
+                    with self._timed_prefill():
+                        self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
             taken = self._steps(self.sync_every, attention_span(needed, self.length))
@@ -443,7 +448,9 @@ class BatchDecoder:
             # are asynchronous); with no prompt left to refill, the oldest window it holds
             if len(looks) > 1 or not queue:
                 look = looks.pop(0)
+                waited = time.perf_counter()
                 finished, lengths = look.read()
+                self.host_wait_seconds += time.perf_counter() - waited
                 done = [row for row in finished if owner[row] >= 0 and filled_in[row] <= look.window]
                 if not done:
                     continue
@@ -460,4 +467,20 @@ class BatchDecoder:
                     free.append(row)
                 if progress is not None:
                     progress(len(done))
+        if self._prefill_events:
+            self._prefill_events[-1][1].synchronize()
+        self.prefill_seconds += sum(start.elapsed_time(end) for start, end in self._prefill_events) / 1e3
+        self._prefill_events.clear()
         return answers
+
+    @contextmanager
+    def _timed_prefill(self):
+        """On CUDA, the device time of the prefill within the block (events, read once all steps ran)."""
+        if self.device.type != "cuda":
+            yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self._prefill_events.append((start, end))

@@ -1,0 +1,209 @@
+"""Where the batched decoder's time goes at a large batch: a decode step's parts, a prefill's, and token-choice
+candidates, each timed alone on one device (regenerate's hf backend, draftsmith.decoding.batch).
+
+`perf/regenerate_throughput.py` gives new tokens/s over real prompts; this script says what a step of `--batch`
+rows costs and why. With every row holding a real (short) prompt:
+
+1. the decode step, captured as the decoder captures it (a CUDA graph on CUDA), greedy and sampled (T 0.7,
+   top-p 0.95, the compiled token choice), at each of `--spans` (the cache slots a step attends to): the difference
+   is the token choice, the growth with the span is the attention's reading of the cache;
+2. one prefill forward at several shapes (rows x width, the refill's way: eager), per prompt token;
+3. the token choice alone on the step's real logits [batch, vocab]: the decoder's (compiled and eager), one
+   log-softmax (a floor: one pass over the vocabulary), greedy's argmax, and the nucleus found among the top-k
+   candidates instead of by bisection over the vocabulary (`topk_choice`, not the decoder's: how often a row's
+   nucleus lies beyond the candidates, and whether its draws equal the decoder's where it does not).
+
+    python perf/regenerate_steps.py --batch 2048 --spans 256,512,1024 --table out.md --out-json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from regenerate_throughput import real_prompts  # noqa: E402
+
+from draftsmith.decoding.batch import BatchDecoder, Sampling, choose_tokens, row_mask, uniform_per_row  # noqa: E402
+from draftsmith.io import write_json, write_text  # noqa: E402
+from draftsmith.target_model.spec import TargetSpec, stop_token_ids  # noqa: E402
+
+
+def device_ms(fn, device, repeats: int) -> float:
+    """Median ms of `fn()` (CUDA events on CUDA, the wall clock elsewhere), after one warm-up call."""
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+    return sorted(times)[len(times) // 2]
+
+
+def topk_choice(logits: torch.Tensor, sampling: Sampling, seeds: torch.Tensor, steps: torch.Tensor, k: int):
+    """The decoder's draw (top-p nucleus, then the row's cumulative distribution in vocabulary order at one seeded
+    uniform) with the nucleus found among the `k` most likely tokens; also whether each row's nucleus reaches
+    beyond them (there this draw is not the decoder's)."""
+    logp = (logits.float() / sampling.temperature).log_softmax(-1)
+    vals, idx = logp.topk(k, dim=-1)  # most likely first
+    probs = vals.exp()
+    cum = probs.cumsum(-1)
+    beyond = cum[:, -1] <= sampling.top_p  # the candidates hold too little mass: the nucleus is larger
+    # the nucleus: the most likely tokens up to and including the one whose mass first exceeds top_p
+    keep = (cum - probs) <= sampling.top_p
+    keep &= torch.cat([torch.ones_like(keep[:, :1]), (cum <= sampling.top_p)[:, :-1]], dim=1)
+    probs = torch.where(keep, probs, 0.0)
+    order = idx.argsort(-1)  # vocabulary order
+    ordered = probs.gather(-1, order).double().cumsum(-1)
+    u = uniform_per_row(seeds, steps)[:, None] * ordered[:, -1:]
+    pick = (ordered < u).sum(-1).clamp(max=k - 1)
+    return idx.gather(-1, order.gather(-1, pick[:, None]))[:, 0], beyond
+
+
+def filled_decoder(model, batch: int, prompts: list[list[int]], sampling: Sampling, stops, length: int) -> BatchDecoder:
+    """A decoder (compiled token choice) with every row holding one of `prompts` (cycled), ready to step."""
+    decoder = BatchDecoder(model, batch, compile_sampler=True)
+    decoder._reset(length, 256, sampling, sorted(stops))
+    for first in range(0, batch, 256):
+        rows = list(range(first, min(batch, first + 256)))
+        decoder._prefill(rows, [prompts[r % len(prompts)] for r in rows], rows)
+    return decoder
+
+
+def step_rows(model, prompts, stops, batch: int, spans: list[int], length: int, repeats: int) -> list[dict]:
+    out = []
+    for name, sampling in (("greedy", Sampling()), ("sampled T 0.7 top-p 0.95", Sampling(0.7, 0.95))):
+        decoder = filled_decoder(model, batch, prompts, sampling, stops, length)
+        for span in spans:
+            decoder.slots.clamp_(max=span - 1)  # rows stay within the span (the cost does not depend on where)
+            ms = device_ms(lambda: decoder._steps(8, span), decoder.device, repeats) / 8
+            out.append({"part": f"decode step, {name}", "batch": batch, "span": span, "ms": ms,
+                        "tokens_per_s": batch * 1e3 / ms})
+            print(out[-1])
+        decoder = None  # its cache freed before the next one's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return out
+
+
+def prefill_rows(model, prompts, stops, batch: int, shapes: list[tuple[int, int]], length: int,
+                 repeats: int) -> list[dict]:
+    decoder = filled_decoder(model, batch, prompts, Sampling(0.7, 0.95), stops, length)
+    flat = [t for p in prompts for t in p]
+    out = []
+    for rows, width in shapes:
+        group = [flat[(r * width) % (len(flat) - width):][:width] for r in range(rows)]
+        ms = device_ms(lambda: decoder._prefill(list(range(rows)), group, list(range(rows))), decoder.device, repeats)
+        out.append({"part": "prefill forward (eager)", "rows": rows, "width": width, "ms": ms,
+                    "us_per_token": 1e3 * ms / (rows * width)})
+        print(out[-1])
+    return out
+
+
+def choice_rows(model, prompts, stops, batch: int, span: int, length: int, repeats: int, k: int) -> list[dict]:
+    sampling = Sampling(0.7, 0.95)
+    decoder = filled_decoder(model, batch, prompts, sampling, stops, length)
+    with torch.inference_mode():
+        decoder.cache.span = span
+        decoder.slots.clamp_(max=span - 1)
+        logits = decoder._forward(decoder.tokens[:, None], row_mask(decoder.slots[:, None], decoder.starts, span),
+                                  (decoder.slots - decoder.starts)[:, None], decoder.cache_position)
+        seeds, steps = decoder.seeds, decoder.lengths
+        compiled_topk = torch.compile(topk_choice, dynamic=False)
+        floor = torch.compile(lambda x: (x.float() / 0.7).log_softmax(-1).amax(-1), dynamic=False)
+        candidates = {
+            "the decoder's (bisection, compiled)": lambda: decoder._choose(logits, sampling, seeds, steps),
+            "the decoder's (bisection, eager)": lambda: choose_tokens(logits, sampling, seeds, steps),
+            "one log-softmax pass (compiled; a floor)": lambda: floor(logits),
+            "greedy argmax": lambda: logits.argmax(-1),
+            f"top-{k} candidates (compiled)": lambda: compiled_topk(logits, sampling, seeds, steps, k),
+            f"top-{k} candidates (eager)": lambda: topk_choice(logits, sampling, seeds, steps, k),
+        }
+        out = [{"part": f"token choice: {name}", "batch": batch, "ms": device_ms(fn, decoder.device, repeats)}
+               for name, fn in candidates.items()]
+        want = choose_tokens(logits, sampling, seeds, steps)
+        got, beyond = topk_choice(logits, sampling, seeds, steps, k)
+        agree = ((got == want) | beyond).float().mean().item()
+        out.append({"part": f"top-{k}: rows whose nucleus reaches beyond the candidates", "share": beyond.float().mean().item(),
+                    "equal_draws": agree})
+    for row in out:
+        print(row)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target-dir", default="/tmp/smollm2-target")
+    ap.add_argument("--batch", type=int, default=2048)
+    ap.add_argument("--spans", default="256,512,1024")
+    ap.add_argument("--length", type=int, default=1280, help="cache slots per row (regenerate's longest + answer)")
+    ap.add_argument("--prefill-shapes", default="32x1024,64x512,128x256,256x128")
+    ap.add_argument("--topk", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out-json", required=True)
+    ap.add_argument("--table", required=True)
+    args = ap.parse_args()
+
+    from draftsmith.target_model import gguf
+
+    target_dir = Path(args.target_dir)
+    if not (target_dir / "config.json").is_file():
+        gguf.import_and_load(target_dir)
+    spec = TargetSpec(str(target_dir))
+    tokenizer = spec.load_tokenizer()
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    model = spec.load_causal_lm(dtype).to(args.device).eval()
+    stops = stop_token_ids(tokenizer, model)
+    ids = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True) for r in real_prompts(1500)]
+    short = [p for p in ids if len(p) <= 128]
+    spans = [int(s) for s in args.spans.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.prefill_shapes.split(",")]
+
+    torch.inference_mode().__enter__()  # the decoder's parts, called here without generate's own
+    rows = step_rows(model, short, stops, args.batch, spans, args.length, args.repeats)
+    rows += prefill_rows(model, short, stops, args.batch, shapes, args.length, args.repeats)
+    rows += choice_rows(model, short, stops, args.batch, spans[0], args.length, args.repeats, args.topk)
+
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    commit = os.environ.get("DRAFTSMITH_COMMIT")
+    write_json(args.out_json, {"date": date.today().isoformat(), "device": device_name, "commit": commit,
+                               "batch": args.batch, "cache_length": args.length, "rows": rows})
+    lines = [f"Batched decoder's parts, SmolLM2-135M-Instruct, {str(dtype).removeprefix('torch.')}, batch {args.batch}, "
+             f"{args.length} cache slots per row, on {device_name}; {date.today().isoformat()}; commit {commit}.", "",
+             "| part | shape | ms | per |", "| --- | --- | ---: | --- |"]
+    for r in rows:
+        if "ms" not in r:
+            lines.append(f"| {r['part']} | | | {r['share']:.2%} of rows; draws equal elsewhere: "
+                         f"{r['equal_draws']:.2%} |")
+        elif "span" in r:
+            lines.append(f"| {r['part']} | {r['batch']} rows, span {r['span']} | {r['ms']:.2f} | "
+                         f"{r['tokens_per_s']:,.0f} tokens/s |")
+        elif "width" in r:
+            lines.append(f"| {r['part']} | {r['rows']} x {r['width']} | {r['ms']:.2f} | "
+                         f"{r['us_per_token']:.3f} us/token |")
+        else:
+            lines.append(f"| {r['part']} | {r['batch']} rows | {r['ms']:.3f} | |")
+    write_text(args.table, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
