@@ -87,25 +87,23 @@ def filled_decoder(model, batch: int, prompts: list[list[int]], sampling: Sampli
     return decoder
 
 
-def step_rows(model, prompts, stops, batch: int, spans: list[int], length: int, repeats: int) -> list[dict]:
+def step_rows(decoder: BatchDecoder, spans: list[int], repeats: int) -> list[dict]:
+    """The step (graphs captured afresh) greedy and sampled at each span, on the one decoder's rows and cache."""
     out = []
     for name, sampling in (("greedy", Sampling()), ("sampled T 0.7 top-p 0.95", Sampling(0.7, 0.95))):
-        decoder = filled_decoder(model, batch, prompts, sampling, stops, length)
+        decoder.sampling = sampling
+        decoder._graphs.clear()
         for span in spans:
             decoder.slots.clamp_(max=span - 1)  # rows stay within the span (the cost does not depend on where)
             ms = device_ms(lambda: decoder._steps(8, span), decoder.device, repeats) / 8
-            out.append({"part": f"decode step, {name}", "batch": batch, "span": span, "ms": ms,
-                        "tokens_per_s": batch * 1e3 / ms})
+            out.append({"part": f"decode step, {name}", "batch": decoder.batch_size, "span": span, "ms": ms,
+                        "tokens_per_s": decoder.batch_size * 1e3 / ms})
             print(out[-1])
-        decoder = None  # its cache freed before the next one's
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    decoder._graphs.clear()
     return out
 
 
-def prefill_rows(model, prompts, stops, batch: int, shapes: list[tuple[int, int]], length: int,
-                 repeats: int) -> list[dict]:
-    decoder = filled_decoder(model, batch, prompts, Sampling(0.7, 0.95), stops, length)
+def prefill_rows(decoder: BatchDecoder, prompts, shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
     flat = [t for p in prompts for t in p]
     out = []
     for rows, width in shapes:
@@ -117,32 +115,31 @@ def prefill_rows(model, prompts, stops, batch: int, shapes: list[tuple[int, int]
     return out
 
 
-def choice_rows(model, prompts, stops, batch: int, span: int, length: int, repeats: int, k: int) -> list[dict]:
-    sampling = Sampling(0.7, 0.95)
-    decoder = filled_decoder(model, batch, prompts, sampling, stops, length)
-    with torch.inference_mode():
-        decoder.cache.span = span
-        decoder.slots.clamp_(max=span - 1)
-        logits = decoder._forward(decoder.tokens[:, None], row_mask(decoder.slots[:, None], decoder.starts, span),
-                                  (decoder.slots - decoder.starts)[:, None], decoder.cache_position)
-        seeds, steps = decoder.seeds, decoder.lengths
-        compiled_topk = torch.compile(topk_choice, dynamic=False)
-        floor = torch.compile(lambda x: (x.float() / 0.7).log_softmax(-1).amax(-1), dynamic=False)
-        candidates = {
-            "the decoder's (bisection, compiled)": lambda: decoder._choose(logits, sampling, seeds, steps),
-            "the decoder's (bisection, eager)": lambda: choose_tokens(logits, sampling, seeds, steps),
-            "one log-softmax pass (compiled; a floor)": lambda: floor(logits),
-            "greedy argmax": lambda: logits.argmax(-1),
-            f"top-{k} candidates (compiled)": lambda: compiled_topk(logits, sampling, seeds, steps, k),
-            f"top-{k} candidates (eager)": lambda: topk_choice(logits, sampling, seeds, steps, k),
-        }
-        out = [{"part": f"token choice: {name}", "batch": batch, "ms": device_ms(fn, decoder.device, repeats)}
-               for name, fn in candidates.items()]
-        want = choose_tokens(logits, sampling, seeds, steps)
-        got, beyond = topk_choice(logits, sampling, seeds, steps, k)
-        agree = ((got == want) | beyond).float().mean().item()
-        out.append({"part": f"top-{k}: rows whose nucleus reaches beyond the candidates", "share": beyond.float().mean().item(),
-                    "equal_draws": agree})
+def choice_rows(decoder: BatchDecoder, span: int, repeats: int, k: int) -> list[dict]:
+    sampling = decoder.sampling = Sampling(0.7, 0.95)
+    batch = decoder.batch_size
+    decoder.cache.span = span
+    decoder.slots.clamp_(max=span - 1)
+    logits = decoder._forward(decoder.tokens[:, None], row_mask(decoder.slots[:, None], decoder.starts, span),
+                              (decoder.slots - decoder.starts)[:, None], decoder.cache_position)
+    seeds, steps = decoder.seeds, decoder.lengths
+    compiled_topk = torch.compile(topk_choice, dynamic=False)
+    floor = torch.compile(lambda x: (x.float() / 0.7).log_softmax(-1).amax(-1), dynamic=False)
+    candidates = {
+        "the decoder's (bisection, compiled)": lambda: decoder._choose(logits, sampling, seeds, steps),
+        "the decoder's (bisection, eager)": lambda: choose_tokens(logits, sampling, seeds, steps),
+        "one log-softmax pass (compiled; a floor)": lambda: floor(logits),
+        "greedy argmax": lambda: logits.argmax(-1),
+        f"top-{k} candidates (compiled)": lambda: compiled_topk(logits, sampling, seeds, steps, k),
+        f"top-{k} candidates (eager)": lambda: topk_choice(logits, sampling, seeds, steps, k),
+    }
+    out = [{"part": f"token choice: {name}", "batch": batch, "ms": device_ms(fn, decoder.device, repeats)}
+           for name, fn in candidates.items()]
+    want = choose_tokens(logits, sampling, seeds, steps)
+    got, beyond = topk_choice(logits, sampling, seeds, steps, k)
+    agree = ((got == want) | beyond).float().mean().item()
+    out.append({"part": f"top-{k}: rows whose nucleus reaches beyond the candidates",
+                "share": beyond.float().mean().item(), "equal_draws": agree})
     for row in out:
         print(row)
     return out
@@ -177,10 +174,11 @@ def main():
     spans = [int(s) for s in args.spans.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.prefill_shapes.split(",")]
 
-    torch.inference_mode().__enter__()  # the decoder's parts, called here without generate's own
-    rows = step_rows(model, short, stops, args.batch, spans, args.length, args.repeats)
-    rows += prefill_rows(model, short, stops, args.batch, shapes, args.length, args.repeats)
-    rows += choice_rows(model, short, stops, args.batch, spans[0], args.length, args.repeats, args.topk)
+    with torch.inference_mode():  # the decoder's parts, called here without generate's own
+        decoder = filled_decoder(model, args.batch, short, Sampling(0.7, 0.95), stops, args.length)
+        rows = step_rows(decoder, spans, args.repeats)
+        rows += prefill_rows(decoder, short, shapes, args.repeats)
+        rows += choice_rows(decoder, spans[0], args.repeats, args.topk)
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     commit = os.environ.get("DRAFTSMITH_COMMIT")
