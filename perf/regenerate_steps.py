@@ -93,6 +93,7 @@ def step_rows(decoder: BatchDecoder, spans: list[int], repeats: int) -> list[dic
     for name, sampling in (("greedy", Sampling()), ("sampled T 0.7 top-p 0.95", Sampling(0.7, 0.95))):
         decoder.sampling = sampling
         decoder._graphs.clear()
+        decoder._pool = None  # a fresh pool: capturing into one whose graphs are gone trips an allocator assert
         for span in spans:
             decoder.slots.clamp_(max=span - 1)  # rows stay within the span (the cost does not depend on where)
             ms = device_ms(lambda: decoder._steps(8, span), decoder.device, repeats) / 8
