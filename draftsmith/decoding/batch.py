@@ -62,6 +62,7 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 
 RAGGED_FLEX = "draftsmith_ragged_flex"
+RAGGED_BLOCK = 128  # cache slots per FlexAttention block (its GPU kernels' tile sizes must divide it: 64 is refused)
 _compiled_flex = None
 
 
@@ -92,14 +93,15 @@ def flex_attention_available() -> bool:
 
 def ragged_block_mask(starts: torch.Tensor, slots: torch.Tensor, length: int):
     """The BlockMask of one decode query per row over a cache of `length` slots: row r attends to its slots
-    starts[r]..slots[r], which lie in cache blocks starts[r] // SLOT_GRANULE .. slots[r] // SLOT_GRANULE (the
-    only blocks listed, so the only ones read). Built from tensors alone, so a CUDA graph captures it."""
+    starts[r]..slots[r], which lie in cache blocks starts[r] // RAGGED_BLOCK .. slots[r] // RAGGED_BLOCK (the
+    only blocks listed, so the only ones read; `length` a multiple of RAGGED_BLOCK). Built from tensors alone, so a
+    CUDA graph captures it."""
     import inspect
 
     from torch.nn.attention.flex_attention import BlockMask
 
-    blocks = length // SLOT_GRANULE
-    first, last = starts // SLOT_GRANULE, slots // SLOT_GRANULE
+    blocks = length // RAGGED_BLOCK
+    first, last = starts // RAGGED_BLOCK, slots // RAGGED_BLOCK
     num = (last - first + 1).to(torch.int32)[:, None, None]
     index = (first[:, None] + torch.arange(blocks, device=starts.device)).clamp(max=blocks - 1)
     index = index.to(torch.int32)[:, None, None, :]
@@ -109,7 +111,7 @@ def ragged_block_mask(starts: torch.Tensor, slots: torch.Tensor, length: int):
 
     inference = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(
         BlockMask.from_kv_blocks).parameters else {}
-    return BlockMask.from_kv_blocks(num, index, BLOCK_SIZE=(SLOT_GRANULE, SLOT_GRANULE), mask_mod=mask_mod,
+    return BlockMask.from_kv_blocks(num, index, BLOCK_SIZE=(RAGGED_BLOCK, RAGGED_BLOCK), mask_mod=mask_mod,
                                     seq_lengths=(1, length), **inference)
 
 
@@ -472,7 +474,8 @@ class BatchDecoder:
         seeds = list(seeds) if seeds is not None else [0] * len(prompts)
         stop_set = set(stop_ids)
         longest = max(len(p) for p in prompts)
-        length = -(-(longest + max_new_tokens) // SLOT_GRANULE) * SLOT_GRANULE
+        granule = RAGGED_BLOCK if self.ragged else SLOT_GRANULE
+        length = -(-(longest + max_new_tokens) // granule) * granule
         if self._shape is not None and self._shape[0] > length and self._shape[1:] == (max_new_tokens, sampling,
                                                                                        tuple(sorted(stop_set))):
             length = self._shape[0]  # keep the cache (and its graphs) of a longer chunk before
