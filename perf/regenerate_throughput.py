@@ -10,9 +10,8 @@ template, every answer ending at end-of-turn or max_new_tokens. In one process:
    each of `--batch-sizes`: new tokens/s, decode steps, and the step's limits beside it (bytes read per step over
    HBM bandwidth at the mean attention span the steps used, matmul FLOPs over the measured rate, and the launch
    floor: a one-row step's time, measured); optionally the compiled token choice (`--compile-sampler`, at each of
-   `--sync-every`), ragged decode attention (`--ragged`: each row reads its own slots, not the common span), the
-   model's RMSNorm/MLP compiled too (`--compile-layers`), greedy on every prompt once (`--greedy-all`, ragged
-   with `--ragged`) and a profile of eager steps (`--profile`).
+   `--sync-every`), the model's RMSNorm/MLP compiled too (`--compile-layers`), greedy on every prompt once
+   (`--greedy-all`) and a profile of eager steps (`--profile`).
 
 Each timed run follows a warm-up run of the same shapes (CUDA-graph capture, kernel selection), not timed.
 
@@ -87,10 +86,10 @@ def matmul_rate(device, dtype, n: int = 8192) -> float:
 
 
 def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_every: int = 8,
-                compile_layers: bool = False, ragged: bool = False) -> dict:
+                compile_layers: bool = False) -> dict:
     backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=compile_sampler,
                                    sync_every=sync_every if backend.model.device.type == "cuda" else 1,
-                                   compile_layers=compile_layers, ragged=ragged)
+                                   compile_layers=compile_layers)
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
@@ -186,9 +185,6 @@ def main():
     ap.add_argument("--compile-layers", action="store_true",
                     help="last, the compiled-sampler run at the first --sync-every with the model's RMSNorm and MLP "
                          "modules compiled too (in place: it comes after every other run)")
-    ap.add_argument("--ragged", action="store_true",
-                    help="also each batch size with the compiled sampler and ragged decode attention (FlexAttention "
-                         "over each row's own slots), at the first --sync-every")
     ap.add_argument("--eager-sampler", default="yes", choices=["yes", "no"],
                     help="the batch-size sweep with the eager token choice (no: only the compiled runs)")
     ap.add_argument("--profile", help="write a profile of eager decode steps at the largest batch to this file")
@@ -256,13 +252,10 @@ def main():
             if args.compile_sampler else []:
         sweep.append(measure(f"{label}, compiled sampler, a look every {sync_every} steps", requests, sampled,
                              batch, compile_sampler=True, sync_every=sync_every))
-    for batch in batch_sizes if args.ragged else []:
-        sweep.append(measure(f"{label}, compiled sampler, ragged attention, a look every {syncs[0]} steps", requests,
-                             sampled, batch, compile_sampler=True, sync_every=syncs[0], ragged=True))
     greedy_all = None
     if args.greedy_all:
         once = [{"prompt_ids": p, "seed": 0} for p in ids]
-        greedy_all = measure("greedy, every prompt once", once, greedy, largest, ragged=args.ragged)
+        greedy_all = measure("greedy, every prompt once", once, greedy, largest)
     if args.profile:
         profile_steps(model, ids, sampled, largest, args.profile)
     if args.compile_layers:  # last: it compiles the model's modules in place

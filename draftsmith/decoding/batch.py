@@ -61,59 +61,6 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 
-RAGGED_FLEX = "draftsmith_ragged_flex"
-RAGGED_BLOCK = 128  # cache slots per FlexAttention block (its GPU kernels' tile sizes must divide it: 64 is refused)
-_compiled_flex = None
-
-
-def ragged_flex(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """A decode step's attention over each row's own slots (FlexAttention; `attention_mask`: ragged_block_mask's
-    BlockMask): cache blocks outside a row's sequence are skipped, not read and masked. Returns [B, q, H, D]."""
-    global _compiled_flex
-    if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)  # FlexAttention runs only compiled
-    out = _compiled_flex(query, key, value, block_mask=attention_mask, scale=scaling,
-                         enable_gqa=query.shape[1] != key.shape[1])
-    return out.transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(RAGGED_FLEX, ragged_flex)
-
-
-def flex_attention_available() -> bool:
-    """Whether this torch has FlexAttention's block masks (torch >= 2.5)."""
-    try:
-        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def ragged_block_mask(starts: torch.Tensor, slots: torch.Tensor, length: int):
-    """The BlockMask of one decode query per row over a cache of `length` slots: row r attends to its slots
-    starts[r]..slots[r], which lie in cache blocks starts[r] // RAGGED_BLOCK .. slots[r] // RAGGED_BLOCK (the
-    only blocks listed, so the only ones read; `length` a multiple of RAGGED_BLOCK). Built from tensors alone, so a
-    CUDA graph captures it."""
-    import inspect
-
-    from torch.nn.attention.flex_attention import BlockMask
-
-    blocks = length // RAGGED_BLOCK
-    first, last = starts // RAGGED_BLOCK, slots // RAGGED_BLOCK
-    num = (last - first + 1).to(torch.int32)[:, None, None]
-    index = (first[:, None] + torch.arange(blocks, device=starts.device)).clamp(max=blocks - 1)
-    index = index.to(torch.int32)[:, None, None, :]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx >= starts[b]) & (kv_idx <= slots[b])
-
-    inference = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(
-        BlockMask.from_kv_blocks).parameters else {}
-    return BlockMask.from_kv_blocks(num, index, BLOCK_SIZE=(RAGGED_BLOCK, RAGGED_BLOCK), mask_mod=mask_mod,
-                                    seq_lengths=(1, length), **inference)
-
 
 def attention_configs(model) -> list:
     """Every config the model's attention layers read their implementation from (a multimodal model nests one)."""
@@ -122,12 +69,11 @@ def attention_configs(model) -> list:
 
 
 @contextmanager
-def grouped_attention(configs: list, implementation: str = GROUPED_SDPA):
-    """`grouped_sdpa` (or `implementation`) as the attention of `configs` (attention_configs) within the block,
-    their own after it."""
+def grouped_attention(configs: list):
+    """`grouped_sdpa` as the attention of `configs` (attention_configs) within the block, their own after it."""
     implementations = [c._attn_implementation for c in configs]
     for config in configs:
-        config._attn_implementation = implementation
+        config._attn_implementation = GROUPED_SDPA
     try:
         yield
     finally:
@@ -299,15 +245,11 @@ class BatchDecoder:
     vocabulary once instead of three times); the first step compiles it, outside any graph capture.
     `compile_layers` compiles the model's RMSNorm and MLP modules in place (their elementwise kernels fused; their
     shapes do not change with the attention span, so the decode steps' graphs share one compiled version).
-    `ragged` decode steps attend with FlexAttention to each row's own slots (`ragged_block_mask`) instead of every
-    row to the busy rows' common span: a batch whose rows hold sequences of different lengths reads the cache each
-    row fills, not the longest one's span for every row (one graph for every step; compiled on the first).
     A refill's prefill runs in forwards of at most `prefill_limit` tokens (rows x their longest prompt), so that a large
     batch of long prompts needs no more memory to start than a small one."""
 
     def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
-                 compile_sampler: bool = False, compile_layers: bool = False, prefill_limit: int = PREFILL_LIMIT,
-                 ragged: bool = False):
+                 compile_sampler: bool = False, compile_layers: bool = False, prefill_limit: int = PREFILL_LIMIT):
         if not full_attention_sdpa(model):
             raise ValueError("the batched decoder needs a full-attention SDPA model (no sliding windows)")
         if batch_size < 1:
@@ -322,9 +264,6 @@ class BatchDecoder:
         if prefill_limit < 1:
             raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
         self.prefill_limit = prefill_limit
-        if ragged and not flex_attention_available():
-            raise ValueError(f"ragged decode steps need FlexAttention (torch >= 2.5; here {torch.__version__})")
-        self.ragged = ragged
         self._keeps_logits = keeps_logits(model)
         self._choose = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         if compile_layers:
@@ -370,9 +309,9 @@ class BatchDecoder:
         self._host = [tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
                             for t in (self.finished, self.lengths, self.out)) for _ in range(2)]
 
-    def _forward(self, input_ids, mask, position_ids, cache_position, implementation: str = GROUPED_SDPA):
+    def _forward(self, input_ids, mask, position_ids, cache_position):
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        with grouped_attention(self._configs, implementation):
+        with grouped_attention(self._configs):
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                              cache_position=cache_position, past_key_values=self.cache, use_cache=True, **extra)
         return out.logits[:, -1]
@@ -421,12 +360,8 @@ class BatchDecoder:
         slots. A busy row's slot lies below the span; a free row's starts at 0, so its mask is never empty (an
         empty one would give NaN, which a masked slot still spreads: 0 * NaN)."""
         self.cache.span = span
-        if self.ragged:
-            mask, implementation = ragged_block_mask(self.starts, self.slots, self.length), RAGGED_FLEX
-        else:
-            mask, implementation = row_mask(self.slots[:, None], self.starts, span), GROUPED_SDPA
-        logits = self._forward(self.tokens[:, None], mask, (self.slots - self.starts)[:, None], self.cache_position,
-                               implementation)
+        logits = self._forward(self.tokens[:, None], row_mask(self.slots[:, None], self.starts, span),
+                               (self.slots - self.starts)[:, None], self.cache_position)
         chosen = self._choose_step(logits)
         active = ~self.finished
         at = self.lengths.clamp(max=self.max_new_tokens - 1)
@@ -474,8 +409,7 @@ class BatchDecoder:
         seeds = list(seeds) if seeds is not None else [0] * len(prompts)
         stop_set = set(stop_ids)
         longest = max(len(p) for p in prompts)
-        granule = RAGGED_BLOCK if self.ragged else SLOT_GRANULE
-        length = -(-(longest + max_new_tokens) // granule) * granule
+        length = -(-(longest + max_new_tokens) // SLOT_GRANULE) * SLOT_GRANULE
         if self._shape is not None and self._shape[0] > length and self._shape[1:] == (max_new_tokens, sampling,
                                                                                        tuple(sorted(stop_set))):
             length = self._shape[0]  # keep the cache (and its graphs) of a longer chunk before
@@ -504,7 +438,7 @@ class BatchDecoder:
                         self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
-            taken = self._steps(self.sync_every, self.length if self.ragged else attention_span(needed, self.length))
+            taken = self._steps(self.sync_every, attention_span(needed, self.length))
             for row in range(self.batch_size):
                 if owner[row] >= 0:
                     row_slot[row] = min(row_slot[row] + taken, self.length - 1)
