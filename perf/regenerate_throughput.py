@@ -95,6 +95,7 @@ def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_ever
     decoder = backend.decoder
     steps0, prefill0, spans0 = decoder.decode_steps, decoder.prefill_tokens, decoder.span_steps.copy()
     waited0, prefill_s0 = decoder.host_wait_seconds, decoder.prefill_seconds
+    busy0, filled0 = decoder.busy_row_steps, decoder.filled_slot_steps
     answers, seconds = timed(lambda: backend.generate(requests, gen))
     spans = decoder.span_steps - spans0
     new = sum(len(a["token_ids"]) + (a["finish_reason"] == "stop") for a in answers)
@@ -102,6 +103,8 @@ def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_ever
             "new_tokens_per_s": new / seconds, "decode_steps": decoder.decode_steps - steps0,
             "prefill_tokens": decoder.prefill_tokens - prefill0, "cache_length": decoder.length,
             "host_wait_s": decoder.host_wait_seconds - waited0, "prefill_device_s": decoder.prefill_seconds - prefill_s0,
+            "busy_row_share": (decoder.busy_row_steps - busy0) / max(1, backend.batch_size * (decoder.decode_steps - steps0)),
+            "mean_filled_slots": (decoder.filled_slot_steps - filled0) / max(1, decoder.busy_row_steps - busy0),
             "mean_span": sum(span * n for span, n in spans.items()) / max(1, sum(spans.values())),
             "cut_at_limit": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
             "answers": answers}
@@ -238,7 +241,8 @@ def main():
         run.update(step_limits(model, run, flops, hbm, floor_ms), path=label, **decoder_options)
         print(f"{label}, batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
               f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, mean span {run['mean_span']:.0f}; "
-              f"prefill {run['prefill_device_s']:.1f} s on the device, the host waited {run['host_wait_s']:.1f} s)")
+              f"prefill {run['prefill_device_s']:.1f} s on the device, the host waited {run['host_wait_s']:.1f} s; "
+              f"{run['busy_row_share']:.0%} of rows busy, filling {run['mean_filled_slots']:.0f} slots each)")
         if args.device == "cuda":
             torch.cuda.empty_cache()
         return run

@@ -88,6 +88,23 @@ def test_steps_attend_to_no_more_slots_than_the_busy_rows_need(tiny):
     assert decoder.length >= 256 and min(decoder.span_steps) == 128 and max(decoder.span_steps) == decoder.length
 
 
+def test_the_decoder_counts_the_slots_busy_rows_fill_beside_the_span(tiny):
+    """One row alone, a look every step: each step's row fills its prompt plus the tokens before it; with many rows
+    of different lengths the rows fill less than the span the steps read (the padding a ragged read would skip)."""
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS)
+    one = BatchDecoder(model, 1, sync_every=1)
+    one.generate(prompts[:1], 12, stops)
+    steps = one.decode_steps
+    assert one.busy_row_steps == steps > 0
+    assert one.filled_slot_steps == sum(len(prompts[0]) + k for k in range(steps))
+    many = BatchDecoder(model, 5, sync_every=2)
+    many.generate(prompts, 12, stops)
+    span_row_steps = sum(span * n for span, n in many.span_steps.items()) * many.batch_size
+    assert 0 < many.busy_row_steps <= many.decode_steps * many.batch_size
+    assert 0 < many.filled_slot_steps < span_row_steps
+
+
 def test_a_decoder_reused_for_another_chunk_of_other_lengths_gives_the_same_answers(tiny):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS)

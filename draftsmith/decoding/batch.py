@@ -276,6 +276,10 @@ class BatchDecoder:
         self._pool = None
         self.decode_steps = 0  # counters, for throughput reports
         self.span_steps: Counter = Counter()  # decode steps by attention span
+        # row-steps of busy rows and the slots their sequences filled (summed at each window's start): beside the
+        # span, how much of what a step's attention reads is padding (free rows and slots outside a row's sequence)
+        self.busy_row_steps = 0
+        self.filled_slot_steps = 0
         self.prefill_tokens = 0
         self.prefill_seconds = 0.0  # on CUDA: the device's time in prefills
         self.host_wait_seconds = 0.0  # the host's time waiting for the device (each window's row state)
@@ -419,6 +423,7 @@ class BatchDecoder:
         owner = [-1] * self.batch_size
         filled_in = [-1] * self.batch_size  # the window whose prefill gave the row its current prompt
         row_slot = [0] * self.batch_size  # the host's estimate of `slots` (a busy row's next write)
+        row_start = [0] * self.batch_size  # where a busy row's sequence starts (its left padding before)
         answers: list[tuple[list[int], str] | None] = [None] * len(prompts)
         free = list(range(self.batch_size))
         refill_at = max(1, self.batch_size // 64)
@@ -433,7 +438,7 @@ class BatchDecoder:
                     rows = [free.pop() for _ in group]
                     width = max(len(prompts[i]) for i in group)
                     for row, i in zip(rows, group):
-                        owner[row], filled_in[row], row_slot[row] = i, window, width
+                        owner[row], filled_in[row], row_slot[row], row_start[row] = i, window, width, width - len(prompts[i])
                     with self._timed_prefill():
                         self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
@@ -441,6 +446,8 @@ class BatchDecoder:
             taken = self._steps(self.sync_every, attention_span(needed, self.length))
             for row in range(self.batch_size):
                 if owner[row] >= 0:
+                    self.busy_row_steps += taken
+                    self.filled_slot_steps += taken * (row_slot[row] - row_start[row])
                     row_slot[row] = min(row_slot[row] + taken, self.length - 1)
             looks.append(Look(self, window))
             window += 1
