@@ -144,6 +144,19 @@ def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, m
     assert "changed: prompts" in caplog.text
 
 
+def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_layers(tiny_target):
+    """On CUDA the batched decoder compiles RMSNorm/MLP (fused kernels round differently): a run moved between a CPU
+    and a GPU re-answers rather than keeping answers the other path wrote."""
+    from draftsmith.data.regenerate_hf import HFBackend
+    from draftsmith.target_model.spec import TargetSpec
+
+    spec = TargetSpec(str(tiny_target))
+    cpu, gpu = HFBackend(spec, {"device": "cpu"}), HFBackend(spec, {"device": "cuda:1"})
+    assert not cpu.compile_layers and "compiled_layers" not in cpu.settings
+    assert gpu.compile_layers and gpu.settings["compiled_layers"] == "RMSNorm, MLP"
+    assert gpu.settings["decoder"] == cpu.settings["decoder"]
+
+
 def test_prompts_from_jsonl(tiny_target, tmp_path):
     from draftsmith.data import mtbench
 
