@@ -6,7 +6,8 @@ rows costs and why. With every row holding a real (short) prompt:
 
 1. the decode step, captured as the decoder captures it (a CUDA graph on CUDA), greedy and sampled (T 0.7,
    top-p 0.95, the compiled token choice), at each of `--spans` (the cache slots a step attends to): the difference
-   is the token choice, the growth with the span is the attention's reading of the cache;
+   is the token choice, the growth with the span is the attention's reading of the cache; where Triton runs, also
+   sampled with ragged attention, every row filling the span (the kernel's cost per slot beside SDPA's);
 2. one prefill forward at several shapes (rows x width, the refill's way: eager), per prompt token;
 3. the token choice alone on the step's real logits [batch, vocab]: the decoder's (compiled and eager), one
    log-softmax (a floor: one pass over the vocabulary), greedy's argmax, and the nucleus found among the top-k
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from regenerate_throughput import real_prompts  # noqa: E402
 
 from draftsmith.decoding.batch import BatchDecoder, Sampling, choose_tokens, row_mask, uniform_per_row  # noqa: E402
+from draftsmith.decoding.ragged_attention import ragged_attention_available  # noqa: E402
 from draftsmith.io import write_json, write_text  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids  # noqa: E402
 
@@ -90,8 +92,11 @@ def filled_decoder(model, batch: int, prompts: list[list[int]], sampling: Sampli
 def step_rows(decoder: BatchDecoder, spans: list[int], repeats: int) -> list[dict]:
     """The step (graphs captured afresh) greedy and sampled at each span, on the one decoder's rows and cache."""
     out = []
-    for name, sampling in (("greedy", Sampling()), ("sampled T 0.7 top-p 0.95", Sampling(0.7, 0.95))):
-        decoder.sampling = sampling
+    variants = [("greedy", Sampling(), False), ("sampled T 0.7 top-p 0.95", Sampling(0.7, 0.95), False)]
+    if ragged_attention_available(decoder.device) is None:  # each row's own slots: here every row's fill is the span
+        variants.append(("sampled T 0.7 top-p 0.95, ragged attention", Sampling(0.7, 0.95), True))
+    for name, sampling, ragged in variants:
+        decoder.sampling, decoder.ragged = sampling, ragged
         decoder._graphs.clear()
         decoder._pool = None  # a fresh pool: capturing into one whose graphs are gone trips an allocator assert
         for span in spans:
@@ -101,6 +106,7 @@ def step_rows(decoder: BatchDecoder, spans: list[int], repeats: int) -> list[dic
                         "tokens_per_s": decoder.batch_size * 1e3 / ms})
             print(out[-1])
     decoder._graphs.clear()
+    decoder.ragged = False
     return out
 
 

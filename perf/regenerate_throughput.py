@@ -10,8 +10,9 @@ template, every answer ending at end-of-turn or max_new_tokens. In one process:
    each of `--batch-sizes`: new tokens/s, decode steps, and the step's limits beside it (bytes read per step over
    HBM bandwidth at the mean attention span the steps used, matmul FLOPs over the measured rate, and the launch
    floor: a one-row step's time, measured); optionally the compiled token choice (`--compile-sampler`, at each of
-   `--sync-every`), the model's RMSNorm/MLP compiled too (`--compile-layers`), greedy on every prompt once
-   (`--greedy-all`) and a profile of eager steps (`--profile`).
+   `--sync-every`), ragged decode attention (`--ragged`: each row reads its own slots, not the common span), the
+   model's RMSNorm/MLP compiled too (`--compile-layers`), greedy on every prompt once (`--greedy-all`) and a
+   profile of eager steps (`--profile`).
 
 Each timed run follows a warm-up run of the same shapes (CUDA-graph capture, kernel selection), not timed.
 
@@ -86,10 +87,10 @@ def matmul_rate(device, dtype, n: int = 8192) -> float:
 
 
 def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_every: int = 8,
-                compile_layers: bool = False) -> dict:
+                compile_layers: bool = False, ragged: bool = False) -> dict:
     backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=compile_sampler,
                                    sync_every=sync_every if backend.model.device.type == "cuda" else 1,
-                                   compile_layers=compile_layers)
+                                   compile_layers=compile_layers, ragged=ragged)
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
@@ -144,15 +145,15 @@ def launch_floor_ms(model, prompt: list[int], steps: int = 128) -> float:
     return 1e3 * seconds / (decoder.decode_steps - steps0)
 
 
-def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_ms: float) -> dict:
+def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_ms: float, ragged: bool = False) -> dict:
     """Per decode step: bytes the step must read (weights once, every row's KV cache over the mean attention span
-    the run's steps used) and matmul FLOPs, and the tokens/s each allows at `batch` rows (a step of `batch` tokens);
-    likewise the launch floor; beside the measured time per step."""
+    the run's steps used; `ragged`: only the slots busy rows fill) and matmul FLOPs, and the tokens/s each allows at
+    `batch` rows (a step of `batch` tokens); likewise the launch floor; beside the measured time per step."""
     config = text_config(model.config)
     params = sum(p.numel() for p in model.parameters())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_bytes = run["batch"] * run["mean_span"] * config.num_hidden_layers * 2 * config.num_key_value_heads \
-        * head_dim * 2
+    slots = run["busy_row_share"] * run["mean_filled_slots"] if ragged else run["mean_span"]
+    kv_bytes = run["batch"] * slots * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2
     step_bytes = params * 2 + kv_bytes
     step_flops = 2 * params * run["batch"]
     out = {"step_bytes": step_bytes, "step_flops": step_flops,
@@ -188,6 +189,10 @@ def main():
     ap.add_argument("--compile-layers", action="store_true",
                     help="last, the compiled-sampler run at the first --sync-every with the model's RMSNorm and MLP "
                          "modules compiled too (in place: it comes after every other run)")
+    ap.add_argument("--ragged", action="store_true",
+                    help="also each batch size with the compiled sampler and ragged decode attention (each row reads "
+                         "its own slots: draftsmith.decoding.ragged_attention), at the first --sync-every; and the "
+                         "--compile-layers run with it too")
     ap.add_argument("--eager-sampler", default="yes", choices=["yes", "no"],
                     help="the batch-size sweep with the eager token choice (no: only the compiled runs)")
     ap.add_argument("--profile", help="write a profile of eager decode steps at the largest batch to this file")
@@ -238,7 +243,8 @@ def main():
     def measure(label: str, requests: list[dict], gen: dict, batch: int, **decoder_options) -> dict:
         run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, gen, **decoder_options)
         run.pop("answers")
-        run.update(step_limits(model, run, flops, hbm, floor_ms), path=label, **decoder_options)
+        run.update(step_limits(model, run, flops, hbm, floor_ms, decoder_options.get("ragged", False)), path=label,
+                   **decoder_options)
         print(f"{label}, batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
               f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, mean span {run['mean_span']:.0f}; "
               f"prefill {run['prefill_device_s']:.1f} s on the device, the host waited {run['host_wait_s']:.1f} s; "
@@ -256,6 +262,9 @@ def main():
             if args.compile_sampler else []:
         sweep.append(measure(f"{label}, compiled sampler, a look every {sync_every} steps", requests, sampled,
                              batch, compile_sampler=True, sync_every=sync_every))
+    for batch in batch_sizes if args.ragged else []:
+        sweep.append(measure(f"{label}, compiled sampler, ragged attention, a look every {syncs[0]} steps", requests,
+                             sampled, batch, compile_sampler=True, sync_every=syncs[0], ragged=True))
     greedy_all = None
     if args.greedy_all:
         once = [{"prompt_ids": p, "seed": 0} for p in ids]
@@ -266,6 +275,10 @@ def main():
         sync_every = syncs[0]
         sweep.append(measure(f"{label}, compiled sampler and RMSNorm/MLP, a look every {sync_every} steps", requests,
                              sampled, largest, compile_sampler=True, sync_every=sync_every, compile_layers=True))
+        if args.ragged:
+            sweep.append(measure(f"{label}, compiled sampler and RMSNorm/MLP, ragged attention, a look every "
+                                 f"{sync_every} steps", requests, sampled, largest, compile_sampler=True,
+                                 sync_every=sync_every, compile_layers=True, ragged=True))
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
     # the device machine's copy of .git can be stale: the caller may name the commit it sent
     commit = os.environ.get("DRAFTSMITH_COMMIT") or subprocess.run(

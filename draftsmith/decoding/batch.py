@@ -61,6 +61,19 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 
+RAGGED_DECODE = "draftsmith_ragged_decode"
+
+
+def ragged_decode(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """A decode step's attention over each row's own slots (draftsmith.decoding.ragged_attention): `attention_mask`
+    is not a mask but each row's first and last slot, [B, 1, 1, 2] (4-D, so transformers passes it through)."""
+    from draftsmith.decoding.ragged_attention import ragged_decode_attention
+
+    return ragged_decode_attention(query, key, value, attention_mask.view(-1, 2), scaling), None
+
+
+AttentionInterface.register(RAGGED_DECODE, ragged_decode)
+
 
 def attention_configs(model) -> list:
     """Every config the model's attention layers read their implementation from (a multimodal model nests one)."""
@@ -69,11 +82,12 @@ def attention_configs(model) -> list:
 
 
 @contextmanager
-def grouped_attention(configs: list):
-    """`grouped_sdpa` as the attention of `configs` (attention_configs) within the block, their own after it."""
+def grouped_attention(configs: list, implementation: str = GROUPED_SDPA):
+    """`grouped_sdpa` (or `implementation`) as the attention of `configs` (attention_configs) within the block,
+    their own after it."""
     implementations = [c._attn_implementation for c in configs]
     for config in configs:
-        config._attn_implementation = GROUPED_SDPA
+        config._attn_implementation = implementation
     try:
         yield
     finally:
@@ -245,11 +259,14 @@ class BatchDecoder:
     vocabulary once instead of three times); the first step compiles it, outside any graph capture.
     `compile_layers` compiles the model's RMSNorm and MLP modules in place (their elementwise kernels fused; their
     shapes do not change with the attention span, so the decode steps' graphs share one compiled version).
-    A refill's prefill runs in forwards of at most `prefill_limit` tokens (rows x their longest prompt), so that a large
+    `ragged` decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel)
+    instead of every row to the busy rows' common span, one graph for every step. A refill's prefill runs in forwards
+    of at most `prefill_limit` tokens (rows x their longest prompt), so that a large
     batch of long prompts needs no more memory to start than a small one."""
 
     def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
-                 compile_sampler: bool = False, compile_layers: bool = False, prefill_limit: int = PREFILL_LIMIT):
+                 compile_sampler: bool = False, compile_layers: bool = False, prefill_limit: int = PREFILL_LIMIT,
+                 ragged: bool = False):
         if not full_attention_sdpa(model):
             raise ValueError("the batched decoder needs a full-attention SDPA model (no sliding windows)")
         if batch_size < 1:
@@ -264,6 +281,13 @@ class BatchDecoder:
         if prefill_limit < 1:
             raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
         self.prefill_limit = prefill_limit
+        if ragged:
+            from draftsmith.decoding.ragged_attention import ragged_attention_available
+
+            problem = ragged_attention_available(self.device)
+            if problem:
+                raise ValueError(f"ragged decode steps: {problem}")
+        self.ragged = ragged
         self._keeps_logits = keeps_logits(model)
         self._choose = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         if compile_layers:
@@ -313,9 +337,9 @@ class BatchDecoder:
         self._host = [tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
                             for t in (self.finished, self.lengths, self.out)) for _ in range(2)]
 
-    def _forward(self, input_ids, mask, position_ids, cache_position):
+    def _forward(self, input_ids, mask, position_ids, cache_position, implementation: str = GROUPED_SDPA):
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        with grouped_attention(self._configs):
+        with grouped_attention(self._configs, implementation):
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                              cache_position=cache_position, past_key_values=self.cache, use_cache=True, **extra)
         return out.logits[:, -1]
@@ -364,8 +388,12 @@ class BatchDecoder:
         slots. A busy row's slot lies below the span; a free row's starts at 0, so its mask is never empty (an
         empty one would give NaN, which a masked slot still spreads: 0 * NaN)."""
         self.cache.span = span
-        logits = self._forward(self.tokens[:, None], row_mask(self.slots[:, None], self.starts, span),
-                               (self.slots - self.starts)[:, None], self.cache_position)
+        if self.ragged:
+            mask, implementation = torch.stack((self.starts, self.slots), -1)[:, None, None, :], RAGGED_DECODE
+        else:
+            mask, implementation = row_mask(self.slots[:, None], self.starts, span), GROUPED_SDPA
+        logits = self._forward(self.tokens[:, None], mask, (self.slots - self.starts)[:, None], self.cache_position,
+                               implementation)
         chosen = self._choose_step(logits)
         active = ~self.finished
         at = self.lengths.clamp(max=self.max_new_tokens - 1)
@@ -443,7 +471,7 @@ class BatchDecoder:
                         self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
-            taken = self._steps(self.sync_every, attention_span(needed, self.length))
+            taken = self._steps(self.sync_every, self.length if self.ragged else attention_span(needed, self.length))
             for row in range(self.batch_size):
                 if owner[row] >= 0:
                     self.busy_row_steps += taken

