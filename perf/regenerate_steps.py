@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from regenerate_throughput import real_prompts  # noqa: E402
+from regenerate_throughput import load_smollm2, real_prompts  # noqa: E402
 
 from draftsmith.decoding.batch import BatchDecoder, Sampling, choose_tokens, row_mask, uniform_per_row  # noqa: E402
 from draftsmith.decoding.ragged_attention import ragged_attention_available  # noqa: E402
 from draftsmith.io import write_json, write_text  # noqa: E402
-from draftsmith.target_model.spec import TargetSpec, stop_token_ids  # noqa: E402
+from draftsmith.target_model.spec import stop_token_ids  # noqa: E402
 
 
 def device_ms(fn, device, repeats: int) -> float:
@@ -166,15 +166,7 @@ def main():
     ap.add_argument("--table", required=True)
     args = ap.parse_args()
 
-    from draftsmith.target_model import gguf
-
-    target_dir = Path(args.target_dir)
-    if not (target_dir / "config.json").is_file():
-        gguf.import_and_load(target_dir)
-    spec = TargetSpec(str(target_dir))
-    tokenizer = spec.load_tokenizer()
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = spec.load_causal_lm(dtype).to(args.device).eval()
+    _, tokenizer, model, dtype = load_smollm2(args.target_dir, args.device)
     stops = stop_token_ids(tokenizer, model)
     ids = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True) for r in real_prompts(1500)]
     short = [p for p in ids if len(p) <= 128]

