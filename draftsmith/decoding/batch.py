@@ -69,7 +69,8 @@ def ragged_decode(module, query, key, value, attention_mask, dropout: float = 0.
     is not a mask but each row's first and last slot, [B, 1, 1, 2] (4-D, so transformers passes it through)."""
     from draftsmith.decoding.ragged_attention import ragged_decode_attention
 
-    return ragged_decode_attention(query, key, value, attention_mask.view(-1, 2), scaling), None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return ragged_decode_attention(query, key, value, attention_mask.view(-1, 2), scale), None
 
 
 AttentionInterface.register(RAGGED_DECODE, ragged_decode)
