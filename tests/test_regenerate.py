@@ -157,6 +157,21 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
     assert gpu.settings["decoder"] == cpu.settings["decoder"]
 
 
+def test_chunks_smaller_than_the_batch_are_named_with_the_chunk_size_that_fills_it(tiny_target, tmp_path, caplog):
+    """Each chunk is one call of the backend: 2 prompts x 2 answers a chunk keep 4 of 8 rows busy; a warning says
+    so and what fills them. A chunk as large as the batch, or a run of one chunk, gets no warning."""
+    sampled = {"max_new_tokens": 4, "temperature": 0.8, "samples_per_prompt": 2, "show_progress": False}
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+        regen.regenerate(prompts(6), tiny_target, tmp_path / "small.jsonl", chunk_size=2, batch_size=8, **sampled)
+    assert "a chunk of 2 prompts x 2 answers keeps at most 4 of the hf backend's 8 rows busy; " \
+           "regenerate.chunk_size 4 or more fills them" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+        regen.regenerate(prompts(6), tiny_target, tmp_path / "filled.jsonl", chunk_size=4, batch_size=8, **sampled)
+        regen.regenerate(prompts(3), tiny_target, tmp_path / "one.jsonl", chunk_size=3, batch_size=8, **sampled)
+    assert "rows busy" not in caplog.text
+
+
 def test_prompts_from_jsonl(tiny_target, tmp_path):
     from draftsmith.data import mtbench
 

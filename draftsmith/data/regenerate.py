@@ -465,6 +465,11 @@ def _regenerate(prompts, target: TargetSpec, out_jsonl: Path, backend, show_prog
         return paths[c].is_file() and [r["id"] for r in read_jsonl(paths[c])] == expected_ids(c)
 
     todo = [c for c in range(len(chunks)) if not finished(c)]
+    rows = getattr(backend, "batch_size", None)
+    if todo and len(chunks) > 1 and rows and chunk_size * n < rows:  # each chunk is one call of the backend
+        log.warning("regenerate: a chunk of %d prompts x %d answers keeps at most %d of the %s backend's %d rows busy; "
+                    "regenerate.chunk_size %d or more fills them (a chunk is what an interrupted run keeps)",
+                    chunk_size, n, chunk_size * n, backend.name, rows, -(-rows // n))
     if len(todo) < len(chunks):
         log.info("regenerate: %d of %d chunks already done in %s", len(chunks) - len(todo), len(chunks), chunk_dir)
     if todo:
