@@ -39,7 +39,9 @@ from draftsmith.target_model.spec import stop_token_ids  # noqa: E402
 
 
 def device_ms(fn, device, repeats: int) -> float:
-    """Median ms of `fn()` (CUDA events on CUDA, the wall clock elsewhere), after one warm-up call."""
+    """Median ms of `fn()` (CUDA events on CUDA, the wall clock elsewhere), after one warm-up call: the device's
+    time, where draftsmith.benchmark.step_costs.median_ms times the host's (an eager prefill's kernel launches
+    included)."""
     import time
 
     fn()

@@ -106,18 +106,17 @@ def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_ever
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
     backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
     decoder = backend.decoder
-    steps0, prefill0, spans0 = decoder.decode_steps, decoder.prefill_tokens, decoder.span_steps.copy()
-    waited0, prefill_s0 = decoder.host_wait_seconds, decoder.prefill_seconds
-    busy0, filled0 = decoder.busy_row_steps, decoder.filled_slot_steps
+    before = decoder.counters()
     answers, seconds = timed(lambda: backend.generate(requests, gen))
-    spans = decoder.span_steps - spans0
+    run = {key: value - before[key] for key, value in decoder.counters().items()}  # this call's share
     new = sum(len(a["token_ids"]) + (a["finish_reason"] == "stop") for a in answers)
+    spans = run["span_steps"]
     return {"batch": backend.batch_size, "prompts": len(requests), "new_tokens": new, "seconds": seconds,
-            "new_tokens_per_s": new / seconds, "decode_steps": decoder.decode_steps - steps0,
-            "prefill_tokens": decoder.prefill_tokens - prefill0, "cache_length": decoder.length,
-            "host_wait_s": decoder.host_wait_seconds - waited0, "prefill_device_s": decoder.prefill_seconds - prefill_s0,
-            "busy_row_share": (decoder.busy_row_steps - busy0) / max(1, backend.batch_size * (decoder.decode_steps - steps0)),
-            "mean_filled_slots": (decoder.filled_slot_steps - filled0) / max(1, decoder.busy_row_steps - busy0),
+            "new_tokens_per_s": new / seconds, "decode_steps": run["decode_steps"],
+            "prefill_tokens": run["prefill_tokens"], "cache_length": decoder.length,
+            "host_wait_s": run["host_wait_seconds"], "prefill_device_s": run["prefill_seconds"],
+            "busy_row_share": run["busy_row_steps"] / max(1, backend.batch_size * run["decode_steps"]),
+            "mean_filled_slots": run["filled_slot_steps"] / max(1, run["busy_row_steps"]),
             "mean_span": sum(span * n for span, n in spans.items()) / max(1, sum(spans.values())),
             "cut_at_limit": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
             "answers": answers}

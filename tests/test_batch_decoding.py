@@ -98,6 +98,11 @@ def test_the_decoder_counts_the_slots_busy_rows_fill_beside_the_span(tiny):
     steps = one.decode_steps
     assert one.busy_row_steps == steps > 0
     assert one.filled_slot_steps == sum(len(prompts[0]) + k for k in range(steps))
+    before = one.counters()  # the same call again: the difference of two readings is that call's share
+    one.generate(prompts[:1], 12, stops)
+    again = {key: value - before[key] for key, value in one.counters().items()}
+    assert again["decode_steps"] == steps and again["filled_slot_steps"] == before["filled_slot_steps"]
+    assert again["busy_row_steps"] == steps and again["span_steps"] == before["span_steps"]
     many = BatchDecoder(model, 5, sync_every=2)
     many.generate(prompts, 12, stops)
     span_row_steps = sum(span * n for span, n in many.span_steps.items()) * many.batch_size

@@ -310,6 +310,13 @@ class BatchDecoder:
         self.host_wait_seconds = 0.0  # the host's time waiting for the device (each window's row state)
         self._prefill_events: list = []
 
+    def counters(self) -> dict:
+        """The running counters, for throughput reports: the difference of two readings covers the calls between."""
+        return {"decode_steps": self.decode_steps, "span_steps": self.span_steps.copy(),
+                "busy_row_steps": self.busy_row_steps, "filled_slot_steps": self.filled_slot_steps,
+                "prefill_tokens": self.prefill_tokens, "prefill_seconds": self.prefill_seconds,
+                "host_wait_seconds": self.host_wait_seconds}
+
     # ------------------------------------------------------------------ state
     def _reset(self, length: int, max_new_tokens: int, sampling: Sampling, stop_ids: list[int]) -> None:
         shape = (length, max_new_tokens, sampling, tuple(stop_ids))
