@@ -81,9 +81,10 @@ def topk_choice(logits: torch.Tensor, sampling: Sampling, seeds: torch.Tensor, s
     return idx.gather(-1, order.gather(-1, pick[:, None]))[:, 0], beyond
 
 
-def filled_decoder(model, batch: int, prompts: list[list[int]], sampling: Sampling, stops, length: int) -> BatchDecoder:
+def filled_decoder(model, batch: int, prompts: list[list[int]], sampling: Sampling, stops, length: int,
+                   compile_layers: bool = False) -> BatchDecoder:
     """A decoder (compiled token choice) with every row holding one of `prompts` (cycled), ready to step."""
-    decoder = BatchDecoder(model, batch, compile_sampler=True)
+    decoder = BatchDecoder(model, batch, compile_sampler=True, compile_layers=compile_layers)
     decoder._reset(length, 256, sampling, sorted(stops))
     for first in range(0, batch, 256):
         rows = list(range(first, min(batch, first + 256)))
@@ -154,6 +155,27 @@ def choice_rows(decoder: BatchDecoder, span: int, repeats: int, k: int) -> list[
     return out
 
 
+def profile_step(decoder: BatchDecoder, span: int, path: str, steps: int = 8) -> None:
+    """The kernels of `steps` eager sampled decode steps at `span` (ragged attention where Triton runs), by device
+    time, to `path`: eager, so that each kernel shows (a graph replays the same kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder.sampling = Sampling(0.7, 0.95)
+    decoder.ragged = ragged_attention_available(decoder.device) is None
+    decoder.slots.clamp_(max=span - 1)
+    for _ in range(2):
+        decoder._step(span)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            decoder._step(span)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=45)
+    write_text(path, f"{decoder.batch_size} rows, {steps} eager decode steps at span {span}, sampled T 0.7 top-p 0.95, "
+                     f"ragged attention {decoder.ragged}\n\n{table}\n")
+    decoder.ragged = False
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target-dir", default="/tmp/smollm2-target")
@@ -164,6 +186,9 @@ def main():
     ap.add_argument("--topk", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--compile-layers", action="store_true", help="the model's RMSNorm and MLP modules compiled, as "
+                    "regenerate's hf backend does on a GPU")
+    ap.add_argument("--profile", help="also the kernels of eager decode steps at the first span, to this file")
     ap.add_argument("--out-json", required=True)
     ap.add_argument("--table", required=True)
     args = ap.parse_args()
@@ -176,8 +201,10 @@ def main():
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.prefill_shapes.split(",")]
 
     with torch.inference_mode():  # the decoder's parts, called here without generate's own
-        decoder = filled_decoder(model, args.batch, short, Sampling(0.7, 0.95), stops, args.length)
+        decoder = filled_decoder(model, args.batch, short, Sampling(0.7, 0.95), stops, args.length, args.compile_layers)
         rows = step_rows(decoder, spans, args.repeats)
+        if args.profile:
+            profile_step(decoder, spans[0], args.profile)
         rows += prefill_rows(decoder, short, shapes, args.repeats)
         rows += choice_rows(decoder, spans[0], args.repeats, args.topk)
 
@@ -186,7 +213,7 @@ def main():
     write_json(args.out_json, {"date": date.today().isoformat(), "device": device_name, "commit": commit,
                                "batch": args.batch, "cache_length": args.length, "rows": rows})
     lines = [f"Batched decoder's parts, SmolLM2-135M-Instruct, {str(dtype).removeprefix('torch.')}, batch {args.batch}, "
-             f"{args.length} cache slots per row, on {device_name}; {date.today().isoformat()}; commit {commit}.", "",
+             f"{args.length} cache slots per row{', RMSNorm/MLP compiled' if args.compile_layers else ''}, on {device_name}; {date.today().isoformat()}; commit {commit}.", "",
              "| part | shape | ms | per |", "| --- | --- | ---: | --- |"]
     for r in rows:
         if "ms" not in r:

@@ -396,8 +396,9 @@ class BatchDecoder:
         slots. A busy row's slot lies below the span; a free row's starts at 0, so its mask is never empty (an
         empty one would give NaN, which a masked slot still spreads: 0 * NaN)."""
         self.cache.span = span
-        if self.ragged:
-            mask, implementation = torch.stack((self.starts, self.slots), -1)[:, None, None, :], RAGGED_DECODE
+        if self.ragged:  # a free row reads its one write slot: its slots grow each step, and it is never read
+            first = torch.where(self.finished, self.slots, self.starts)
+            mask, implementation = torch.stack((first, self.slots), -1)[:, None, None, :], RAGGED_DECODE
         else:
             mask, implementation = row_mask(self.slots[:, None], self.starts, span), GROUPED_SDPA
         logits = self._forward(self.tokens[:, None], mask, (self.slots - self.starts)[:, None], self.cache_position,

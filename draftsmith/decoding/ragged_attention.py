@@ -22,6 +22,7 @@ from functools import lru_cache
 import torch
 
 BLOCK_N = 64  # cache slots per tile
+NUM_WARPS = 4
 
 
 def ragged_attention_available(device: torch.device) -> str | None:
@@ -79,10 +80,11 @@ def _kernel():
 
 
 def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor,
-                            scale: float) -> torch.Tensor:
+                            scale: float, block: int = BLOCK_N, warps: int = NUM_WARPS) -> torch.Tensor:
     """query [B, H, 1, D] (one token per row); key, value [B, KV, L, D] (the cache, H a multiple of KV: query head
     h uses KV head h // (H // KV)); bounds [B, 2] (contiguous int64: each row attends its slots bounds[b, 0]..
-    bounds[b, 1], inclusive, a non-empty range). Returns [B, 1, H, D], as transformers' attention functions do."""
+    bounds[b, 1], inclusive, a non-empty range). Returns [B, 1, H, D], as transformers' attention functions do.
+    `block` (slots per tile) and `warps` are the launch's tuning (perf/ragged_attention_bench.py measures them)."""
     rows, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     if width != 1 or heads % kv_heads or dim & (dim - 1) or dim < 16:
@@ -98,5 +100,5 @@ def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     _kernel()[(rows, kv_heads)](
         query, key, value, out, bounds, scale, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         key.stride(2), value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(2),
-        GROUP=group, GROUP_TILE=max(16, 1 << (group - 1).bit_length()), D=dim, BLOCK=BLOCK_N)
+        GROUP=group, GROUP_TILE=max(16, 1 << (group - 1).bit_length()), D=dim, BLOCK=block, num_warps=warps)
     return out
