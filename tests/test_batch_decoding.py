@@ -132,6 +132,24 @@ def test_smollm2_grouped_query_attention_rows_equal_plain_generate(imported):
         assert got == [generate_one(model, p, 16, stops) for p in prompts]
 
 
+def test_a_repeated_prompt_shares_one_prefill_and_answers_as_if_alone(tiny):
+    """Samples of one prompt (the same prompt in several rows, each with its seed) run its prefill once and copy the
+    cache: each answer equals that prompt's answer decoded on its own, and the prefill counts each prompt once."""
+    model, tokenizer, stops = tiny
+    prompts = rendered(tokenizer, QUESTIONS[:4])
+    sampling = Sampling(temperature=1.0, top_p=0.95)
+    repeated = [p for p in prompts for _ in range(3)]
+    seeds = [100 + i for i in range(len(repeated))]
+    decoder = BatchDecoder(model, 6, sync_every=2)
+    got = decoder.generate(repeated, 20, stops, sampling, seeds)
+    alone = [BatchDecoder(model, 1).generate([p], 20, stops, sampling, [s])[0] for p, s in zip(repeated, seeds)]
+    assert got == alone
+    assert len({tuple(t) for t, _ in got[:3]}) > 1  # the samples differ: each row drew with its own seed
+    assert decoder.prefill_tokens < sum(map(len, repeated))
+    greedy = decoder.generate(repeated, 20, stops)
+    assert greedy == [generate_one(model, p, 20, stops) for p in repeated]
+
+
 def test_sampled_rows_depend_on_prompt_and_seed_only(tiny):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS)

@@ -144,17 +144,29 @@ def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, m
     assert "changed: prompts" in caplog.text
 
 
-def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_layers(tiny_target):
-    """On CUDA the batched decoder compiles RMSNorm/MLP (fused kernels round differently): a run moved between a CPU
-    and a GPU re-answers rather than keeping answers the other path wrote."""
+def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_layers(tiny_target, caplog):
+    """On CUDA the batched decoder compiles RMSNorm/MLP and, where Triton is installed, attends to each row's own
+    slots (fused kernels round differently): a run moved between a CPU and a GPU, or to a GPU without Triton,
+    re-answers rather than keeping answers the other path wrote. Without Triton it says why it cannot."""
+    import torch
+
     from draftsmith.data.regenerate_hf import HFBackend
+    from draftsmith.decoding.ragged_attention import ragged_attention_available
     from draftsmith.target_model.spec import TargetSpec
 
     spec = TargetSpec(str(tiny_target))
-    cpu, gpu = HFBackend(spec, {"device": "cpu"}), HFBackend(spec, {"device": "cuda:1"})
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate_hf"):
+        cpu, gpu = HFBackend(spec, {"device": "cpu"}), HFBackend(spec, {"device": "cuda:1"})
     assert not cpu.compile_layers and "compiled_layers" not in cpu.settings
     assert gpu.compile_layers and gpu.settings["compiled_layers"] == "RMSNorm, MLP"
     assert gpu.settings["decoder"] == cpu.settings["decoder"]
+    assert not cpu.ragged and "attention" not in cpu.settings
+    problem = ragged_attention_available(torch.device("cuda"))
+    if problem is None:
+        assert gpu.ragged and gpu.settings["attention"] == "ragged decode (Triton)"
+    else:
+        assert not gpu.ragged and "attention" not in gpu.settings
+        assert f"not each row's own slots ({problem})" in caplog.text
 
 
 def test_chunks_smaller_than_the_batch_are_named_with_the_chunk_size_that_fills_it(tiny_target, tmp_path, caplog):

@@ -156,6 +156,13 @@ class BatchKV:
         values[self._all_rows, :, self.decode_slots] = value[:, :, 0]
         return keys[:, :, : self.span], values[:, :, : self.span]
 
+    def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, width: int) -> None:
+        """Slots 0..width-1 of rows `sources` into rows `targets`, in every layer (a prefill shared by a repeated
+        prompt's rows)."""
+        for layer in self.keys:
+            self.keys[layer][targets, :, :width] = self.keys[layer][sources, :, :width]
+            self.values[layer][targets, :, :width] = self.values[layer][sources, :, :width]
+
 
 @dataclass
 class Sampling:
@@ -367,20 +374,31 @@ class BatchDecoder:
 
     # ------------------------------------------------------------------ the two kinds of forward
     def _prefill(self, rows: list[int], prompts: list[list[int]], seeds: list[int]) -> None:
-        """Write `prompts` into cache `rows` (left-padded to the longest) and choose each one's first token."""
-        ids, starts = left_padded(prompts, self.device)
+        """Write `prompts` into cache `rows` (left-padded to the longest) and choose each one's first token. A prompt
+        that several rows hold (samples of one prompt) runs once: its first row's cache is copied to the others."""
+        distinct: dict[tuple, int] = {}
+        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # each row's distinct prompt
+        lead: dict[int, int] = {}  # the row that runs each distinct prompt
+        for row, k in zip(rows, which):
+            lead.setdefault(k, row)
+        ids, starts = left_padded([list(p) for p in distinct], self.device)
         width = ids.shape[1]
-        self.prefill_tokens += width * len(prompts)
+        self.prefill_tokens += width * len(distinct)
         index = torch.arange(width, device=self.device)
         # causal within the prompt, from its start; a padding position attends to itself (finite, never read)
-        mask = row_mask(index.expand(len(rows), width), starts, width)
+        mask = row_mask(index.expand(len(distinct), width), starts, width)
         positions = (index[None, :] - starts[:, None]).clamp(min=0)
-        row_ids = torch.tensor(rows, dtype=torch.long, device=self.device)
-        self.cache.prefill_rows = row_ids
+        self.cache.prefill_rows = torch.tensor(list(lead.values()), dtype=torch.long, device=self.device)
         try:
             logits = self._forward(ids, mask, positions, index)
         finally:
             self.cache.prefill_rows = None
+        row_ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+        if len(distinct) < len(rows):
+            followers = [(lead[k], row) for row, k in zip(rows, which) if lead[k] != row]
+            self.cache.copy_rows(*torch.tensor(followers, dtype=torch.long, device=self.device).T, width)
+            pick = torch.tensor(which, dtype=torch.long, device=self.device)
+            logits, starts = logits[pick], starts[pick]
         row_seeds = torch.tensor(seeds, dtype=torch.long, device=self.device)
         first = choose_tokens(logits, self.sampling, row_seeds, torch.zeros_like(row_seeds))
         self.tokens[row_ids] = first
@@ -456,7 +474,8 @@ class BatchDecoder:
             length = self._shape[0]  # keep the cache (and its graphs) of a longer chunk before
         self._reset(length, max_new_tokens, sampling, sorted(stop_set))
 
-        queue = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))[::-1]  # pop() takes the longest
+        # pop() takes the longest; a prompt's repeats (its samples) side by side, so that one refill shares its prefill
+        queue = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), prompts[i], i))[::-1]
         owner = [-1] * self.batch_size
         filled_in = [-1] * self.batch_size  # the window whose prefill gave the row its current prompt
         row_slot = [0] * self.batch_size  # the host's estimate of `slots` (a busy row's next write)
