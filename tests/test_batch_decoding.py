@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -104,7 +106,12 @@ def test_the_decoder_counts_the_slots_busy_rows_fill_beside_the_span(tiny):
     assert again["decode_steps"] == steps and again["filled_slot_steps"] == before["filled_slot_steps"]
     assert again["busy_row_steps"] == steps and again["span_steps"] == before["span_steps"]
     many = BatchDecoder(model, 5, sync_every=2)
+    started = time.perf_counter()
     many.generate(prompts, 12, stops)
+    wall = time.perf_counter() - started
+    # the host's time by part of the loop: each part ran, and together with the waits they fit in the call
+    assert set(many.host_seconds) == {"refill", "launch", "look"} and min(many.host_seconds.values()) > 0
+    assert sum(many.host_seconds.values()) + many.host_wait_seconds <= wall
     span_row_steps = sum(span * n for span, n in many.span_steps.items()) * many.batch_size
     assert 0 < many.busy_row_steps <= many.decode_steps * many.batch_size
     assert 0 < many.filled_slot_steps < span_row_steps
@@ -148,6 +155,14 @@ def test_a_repeated_prompt_shares_one_prefill_and_answers_as_if_alone(tiny):
     assert decoder.prefill_tokens < sum(map(len, repeated))
     greedy = decoder.generate(repeated, 20, stops)
     assert greedy == [generate_one(model, p, 20, stops) for p in repeated]
+    # prefill_limit counts distinct prompts: with room for one prompt a forward, each takes a prompt's three rows
+    # (a batch that takes every request in its first refill)
+    split = BatchDecoder(model, len(repeated), sync_every=2, prefill_limit=max(map(len, prompts)))
+    forwards = []
+    split._prefill = lambda rows, group, *rest: (forwards.append(group), BatchDecoder._prefill(split, rows, group, *rest))
+    assert split.generate(repeated, 20, stops, sampling, seeds) == got
+    assert sorted(len(group) for group in forwards) == [3] * len(prompts)
+    assert all(len({tuple(p) for p in group}) == 1 for group in forwards)
 
 
 def test_sampled_rows_depend_on_prompt_and_seed_only(tiny):

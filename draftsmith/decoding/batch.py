@@ -269,7 +269,7 @@ class BatchDecoder:
     shapes do not change with the attention span, so the decode steps' graphs share one compiled version).
     `ragged` decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel)
     instead of every row to the busy rows' common span, one graph for every step. A refill's prefill runs in forwards
-    of at most `prefill_limit` tokens (rows x their longest prompt), so that a large batch of long prompts needs no
+    of at most `prefill_limit` tokens (distinct prompts x their longest: a prompt's repeats share one), so that a large batch of long prompts needs no
     more memory to start than a small one."""
 
     def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
@@ -315,6 +315,9 @@ class BatchDecoder:
         self.prefill_tokens = 0
         self.prefill_seconds = 0.0  # on CUDA: the device's time in prefills
         self.host_wait_seconds = 0.0  # the host's time waiting for the device (each window's row state)
+        # the host's time in each part of the loop besides that wait: "refill" (prefills launched), "launch" (a
+        # window's steps launched), "look" (a window's finished rows handed back): where it is the bottleneck
+        self.host_seconds: Counter = Counter()
         self._prefill_events: list = []
 
     def counters(self) -> dict:
@@ -322,7 +325,7 @@ class BatchDecoder:
         return {"decode_steps": self.decode_steps, "span_steps": self.span_steps.copy(),
                 "busy_row_steps": self.busy_row_steps, "filled_slot_steps": self.filled_slot_steps,
                 "prefill_tokens": self.prefill_tokens, "prefill_seconds": self.prefill_seconds,
-                "host_wait_seconds": self.host_wait_seconds}
+                "host_wait_seconds": self.host_wait_seconds, "host_seconds": self.host_seconds.copy()}
 
     # ------------------------------------------------------------------ state
     def _reset(self, length: int, max_new_tokens: int, sampling: Sampling, stop_ids: list[int]) -> None:
@@ -485,18 +488,30 @@ class BatchDecoder:
         refill_at = max(1, self.batch_size // 64)
         looks: list[Look] = []
         window = 0
+        clock = time.perf_counter()
+
+        def lap(part: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            self.host_seconds[part] += now - clock
+            clock = now
+
         while queue or len(free) < self.batch_size:
             if queue and free and (len(free) >= min(refill_at, len(queue)) or len(free) == self.batch_size):
                 take = [queue.pop() for _ in range(min(len(free), len(queue)))]  # longest first
-                while take:  # a forward of at most prefill_limit tokens (rows x the longest), one row at least
-                    group = take[: max(1, self.prefill_limit // len(prompts[take[0]]))]
-                    take = take[len(group):]
+                while take:  # a forward of at most prefill_limit tokens (distinct prompts x the longest), one at least
+                    budget, n, distinct = max(1, self.prefill_limit // len(prompts[take[0]])), 0, 0
+                    while n < len(take) and (distinct < budget or prompts[take[n]] == prompts[take[n - 1]]):
+                        distinct += n == 0 or prompts[take[n]] != prompts[take[n - 1]]
+                        n += 1
+                    group, take = take[:n], take[n:]
                     rows = [free.pop() for _ in group]
                     width = max(len(prompts[i]) for i in group)
                     for row, i in zip(rows, group):
                         owner[row], filled_in[row], row_slot[row], row_start[row] = i, window, width, width - len(prompts[i])
                     with self._timed_prefill():
                         self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
+                lap("refill")
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
             taken = self._steps(self.sync_every, self.length if self.ragged else attention_span(needed, self.length))
@@ -507,6 +522,7 @@ class BatchDecoder:
                     row_slot[row] = min(row_slot[row] + taken, self.length - 1)
             looks.append(Look(self, window))
             window += 1
+            lap("launch")
             # the host reads the window before this one while the device decodes this one (on CUDA the copies
             # are asynchronous); with no prompt left to refill, the oldest window it holds
             if len(looks) > 1 or not queue:
@@ -514,8 +530,10 @@ class BatchDecoder:
                 waited = time.perf_counter()
                 finished, lengths = look.read()
                 self.host_wait_seconds += time.perf_counter() - waited
+                clock = time.perf_counter()
                 done = [row for row in finished if owner[row] >= 0 and filled_in[row] <= look.window]
                 if not done:
+                    lap("look")
                     continue
                 done_rows = torch.tensor(done, device=self.device)
                 self.slots[done_rows] = 0  # a free row attends from slot 0 (never an empty mask)
@@ -530,6 +548,7 @@ class BatchDecoder:
                     free.append(row)
                 if progress is not None:
                     progress(len(done))
+                lap("look")
         if self._prefill_events:
             self._prefill_events[-1][1].synchronize()
         self.prefill_seconds += sum(start.elapsed_time(end) for start, end in self._prefill_events) / 1e3
