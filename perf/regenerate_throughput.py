@@ -203,7 +203,8 @@ def main():
                          "modules compiled too (in place: it comes after every other run)")
     ap.add_argument("--ragged", action="store_true",
                     help="also each batch size with the compiled sampler and ragged decode attention (each row reads "
-                         "its own slots: draftsmith.decoding.ragged_attention), at the first --sync-every; and the "
+                         "its own slots: draftsmith.decoding.ragged_attention), at the first --sync-every (with "
+                         "--compile-layers: only the largest, with the layers compiled); and the "
                          "--compile-layers run with it too")
     ap.add_argument("--eager-sampler", default="yes", choices=["yes", "no"],
                     help="the batch-size sweep with the eager token choice (no: only the compiled runs)")
@@ -268,7 +269,7 @@ def main():
             if args.compile_sampler else []:
         sweep.append(measure(f"{label}, compiled sampler, a look every {sync_every} steps", requests, sampled,
                              batch, compile_sampler=True, sync_every=sync_every))
-    for batch in batch_sizes if args.ragged else []:
+    for batch in batch_sizes if args.ragged and not args.compile_layers else []:
         sweep.append(measure(f"{label}, compiled sampler, ragged attention, a look every {syncs[0]} steps", requests,
                              sampled, batch, compile_sampler=True, sync_every=syncs[0], ragged=True))
     greedy_all = None
