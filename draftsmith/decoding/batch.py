@@ -107,10 +107,11 @@ def row_mask(query_slots: torch.Tensor, starts: torch.Tensor, length: int) -> to
 
 
 def on_device(values, device: torch.device) -> torch.Tensor:
-    """`values` (a list of ints or a CPU tensor) on `device` without waiting for it. CUDA copies from pageable host
-    memory only once the stream's queued work is done, so each such copy in the decode loop held the host until the
-    window of steps in flight had run, and the device then idled while the host refilled: measured on one H100,
-    7.1 of 10.5 s went to that wait. A copy from pinned memory is queued like a kernel."""
+    """`values` (a list of ints or a CPU tensor) on `device` without waiting for it. A blocking host-to-device copy
+    (`.to(device)`, `torch.tensor(..., device=...)`, and `x[rows] = 0`, which copies the 0) waits for the stream's
+    queued work, so each one in the decode loop held the host until the window of steps in flight had run, and the
+    device then idled while the host refilled: measured on one H100, 7.1 of 10.5 s went to such waits. A copy from
+    pinned memory is queued like a kernel."""
     tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
     if torch.device(device).type != "cuda":
         return tensor.to(device)
@@ -416,10 +417,10 @@ class BatchDecoder:
         row_seeds = on_device(seeds, self.device)
         first = choose_tokens(logits, self.sampling, row_seeds, torch.zeros_like(row_seeds))
         self.tokens[row_ids] = first
-        self.slots[row_ids] = width
+        self.slots.index_fill_(0, row_ids, width)  # not `[row_ids] = width`: see `on_device`
         self.starts[row_ids] = starts
         self.seeds[row_ids] = row_seeds
-        self.lengths[row_ids] = 1
+        self.lengths.index_fill_(0, row_ids, 1)
         self.out[row_ids, 0] = first
         self.finished[row_ids] = self._is_stop(first) | (self.max_new_tokens <= 1)
 
@@ -547,8 +548,8 @@ class BatchDecoder:
                     lap("look")
                     continue
                 done_rows = on_device(done, self.device)
-                self.slots[done_rows] = 0  # a free row attends from slot 0 (never an empty mask)
-                self.starts[done_rows] = 0
+                self.slots.index_fill_(0, done_rows, 0)  # a free row attends from slot 0 (never an empty mask)
+                self.starts.index_fill_(0, done_rows, 0)
                 for row in done:
                     tokens = look.out[row, : lengths[row]].tolist()
                     if tokens and tokens[-1] in stop_set:
