@@ -8,8 +8,9 @@ length and its stop check. So on CUDA the step is captured once as a CUDA graph 
 a window, and the host looks at each window's row state (copied asynchronously) while the device decodes the next
 one: a row whose answer ended (a stop token or max_new_tokens) hands its answer back and takes the next prompt in
 the window after (a batched prefill of every free row), so early end-of-turn idles a row for about two windows, and
-the device never waits for the host's bookkeeping or the prefill's kernel launches. The same code runs eagerly on a
-CPU, where the tests compare it with `generate`.
+the host's bookkeeping and the prefill's kernel launches overlap the device's steps, as long as nothing in the loop
+blocks the host (see `on_device`; the host's time per part of the loop is counted, `host_seconds`). The same code
+runs eagerly on a CPU, where the tests compare it with `generate`.
 
 Rows are independent: a row's tokens depend on its prompt (and for sampling its seed) alone, not on which prompts
 share the batch or when it was refilled. Sampling inverts each row's cumulative distribution (temperature, top-k and
