@@ -282,8 +282,8 @@ class BatchDecoder:
     shapes do not change with the attention span, so the decode steps' graphs share one compiled version).
     `ragged` decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel)
     instead of every row to the busy rows' common span, one graph for every step. A refill's prefill runs in forwards
-    of at most `prefill_limit` tokens (distinct prompts x their longest: a prompt's repeats share one), so that a large batch of long prompts needs no
-    more memory to start than a small one."""
+    of at most `prefill_limit` tokens (distinct prompts x their longest: a prompt's repeats share one), so that a
+    large batch of long prompts needs no more memory to start than a small one."""
 
     def __init__(self, model, batch_size: int, cuda_graphs: bool | None = None, sync_every: int = 8,
                  compile_sampler: bool = False, compile_layers: bool = False, prefill_limit: int = PREFILL_LIMIT,
