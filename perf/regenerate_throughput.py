@@ -115,6 +115,7 @@ def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_ever
             "new_tokens_per_s": new / seconds, "decode_steps": run["decode_steps"],
             "prefill_tokens": run["prefill_tokens"], "cache_length": decoder.length,
             "host_wait_s": run["host_wait_seconds"], "prefill_device_s": run["prefill_seconds"],
+            "decode_device_s": run["decode_seconds"],
             **{f"host_{part}_s": run["host_seconds"][part] for part in ("refill", "launch", "look")},
             "busy_row_share": run["busy_row_steps"] / max(1, backend.batch_size * run["decode_steps"]),
             "mean_filled_slots": run["filled_slot_steps"] / max(1, run["busy_row_steps"]),
@@ -252,7 +253,8 @@ def main():
                    **decoder_options)
         print(f"{label}, batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
               f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, mean span {run['mean_span']:.0f}; "
-              f"prefill {run['prefill_device_s']:.1f} s on the device, the host waited {run['host_wait_s']:.1f} s and "
+              f"prefill {run['prefill_device_s']:.1f} s and decode steps {run['decode_device_s']:.1f} s on the device (idle "
+              f"between them {run['seconds'] - run['prefill_device_s'] - run['decode_device_s']:.1f} s), the host waited {run['host_wait_s']:.1f} s and "
               f"spent {run['host_refill_s']:.1f} s refilling, {run['host_launch_s']:.1f} s launching steps, "
               f"{run['host_look_s']:.1f} s handing answers back; "
               f"{run['busy_row_share']:.0%} of rows busy, filling {run['mean_filled_slots']:.0f} slots each)")

@@ -327,17 +327,19 @@ class BatchDecoder:
         self.filled_slot_steps = 0
         self.prefill_tokens = 0
         self.prefill_seconds = 0.0  # on CUDA: the device's time in prefills
+        self.decode_seconds = 0.0  # on CUDA: the device's time in decode steps (a run's wall time less both: idle)
         self.host_wait_seconds = 0.0  # the host's time waiting for the device (each window's row state)
         # the host's time in each part of the loop besides that wait: "refill" (prefills launched), "launch" (a
         # window's steps launched), "look" (a window's finished rows handed back): where it is the bottleneck
         self.host_seconds: Counter = Counter()
-        self._prefill_events: list = []
+        self._events: dict[str, list] = {"prefill_seconds": [], "decode_seconds": []}
 
     def counters(self) -> dict:
         """The running counters, for throughput reports: the difference of two readings covers the calls between."""
         return {"decode_steps": self.decode_steps, "span_steps": self.span_steps.copy(),
                 "busy_row_steps": self.busy_row_steps, "filled_slot_steps": self.filled_slot_steps,
                 "prefill_tokens": self.prefill_tokens, "prefill_seconds": self.prefill_seconds,
+                "decode_seconds": self.decode_seconds,
                 "host_wait_seconds": self.host_wait_seconds, "host_seconds": self.host_seconds.copy()}
 
     # ------------------------------------------------------------------ state
@@ -522,12 +524,13 @@ class BatchDecoder:
                     width = max(len(prompts[i]) for i in group)
                     for row, i in zip(rows, group):
                         owner[row], filled_in[row], row_slot[row], row_start[row] = i, window, width, width - len(prompts[i])
-                    with self._timed_prefill():
+                    with self._timed("prefill_seconds"):
                         self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
                 lap("refill")
             # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
             needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
-            taken = self._steps(self.sync_every, self.length if self.ragged else attention_span(needed, self.length))
+            with self._timed("decode_seconds"):
+                taken = self._steps(self.sync_every, self.length if self.ragged else attention_span(needed, self.length))
             for row in range(self.batch_size):
                 if owner[row] >= 0:
                     self.busy_row_steps += taken
@@ -562,15 +565,17 @@ class BatchDecoder:
                 if progress is not None:
                     progress(len(done))
                 lap("look")
-        if self._prefill_events:
-            self._prefill_events[-1][1].synchronize()
-        self.prefill_seconds += sum(start.elapsed_time(end) for start, end in self._prefill_events) / 1e3
-        self._prefill_events.clear()
+        for counter, events in self._events.items():
+            if events:
+                events[-1][1].synchronize()
+            setattr(self, counter, getattr(self, counter) + sum(a.elapsed_time(b) for a, b in events) / 1e3)
+            events.clear()
         return answers
 
     @contextmanager
-    def _timed_prefill(self):
-        """On CUDA, the device time of the prefill within the block (events, read once all steps ran)."""
+    def _timed(self, counter: str):
+        """On CUDA, the device time of the work queued within the block, added to `counter` once all steps ran
+        (events: the host does not wait)."""
         if self.device.type != "cuda":
             yield
             return
@@ -578,4 +583,4 @@ class BatchDecoder:
         start.record()
         yield
         end.record()
-        self._prefill_events.append((start, end))
+        self._events[counter].append((start, end))
