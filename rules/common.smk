@@ -170,7 +170,7 @@ RUN_ONLY = {
 }
 BACKEND_ONLY = {
     "regenerate": {
-        "hf": {"device"},
+        "hf": {"device", "attention"},
         "vllm": {"max_model_len", "tensor_parallel_size", "gpu_memory_utilization"},
     },
     "extraction": {

@@ -15,6 +15,7 @@ def main(smk):
                backend=cfg["backend"], max_new_tokens=cfg["max_new_tokens"], batch_size=cfg["batch_size"],
                temperature=cfg["temperature"], top_p=cfg["top_p"], top_k=cfg["top_k"], seed=cfg["seed"],
                samples_per_prompt=cfg["samples_per_prompt"], chunk_size=cfg["chunk_size"], device=device, dtype=dtype,
+               attention=cfg["attention"],
                tensor_parallel_size=cfg["tensor_parallel_size"], gpu_memory_utilization=cfg["gpu_memory_utilization"],
                max_model_len=cfg["max_model_len"], max_prompt_tokens=smk.params.seq_length,
                extra_stats={"self_prompts": written} if written is not None else None)

@@ -12,7 +12,7 @@ def main(smk):
     self_prompts(target, smk.output.jsonl, smk.params.num_prompts, name=smk.wildcards.dataset,
                  **smk.params.self_prompts, benchmark_questions=smk.input.benchmark_questions,
                  backend=engine["backend"], chunk_size=engine["chunk_size"], batch_size=engine["batch_size"],
-                 device=device, dtype=dtype, tensor_parallel_size=engine["tensor_parallel_size"],
+                 device=device, dtype=dtype, attention=engine["attention"], tensor_parallel_size=engine["tensor_parallel_size"],
                  gpu_memory_utilization=engine["gpu_memory_utilization"], max_model_len=engine["max_model_len"])
 
 

@@ -167,6 +167,13 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
     else:
         assert not gpu.ragged and "attention" not in gpu.settings
         assert f"not each row's own slots ({problem})" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate_hf"):
+        span = HFBackend(spec, {"device": "cuda:1", "attention": "span"})  # asked for: no warning
+    assert not span.ragged and "attention" not in span.settings and not caplog.text
+    assert span.settings == {k: v for k, v in gpu.settings.items() if k != "attention"}
+    with pytest.raises(ValueError, match="regenerate.attention must be ragged or span, got 'flash'"):
+        HFBackend(spec, {"device": "cuda:1", "attention": "flash"})
 
 
 def test_chunks_smaller_than_the_batch_are_named_with_the_chunk_size_that_fills_it(tiny_target, tmp_path, caplog):

@@ -368,14 +368,14 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
                chunk_size: int = 64, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
                show_progress: bool = True, max_prompt_tokens: int | None = None, backend="hf",
                samples_per_prompt: int = 1, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-               max_model_len: int | None = None, extra_stats: dict | None = None) -> dict:
+               max_model_len: int | None = None, extra_stats: dict | None = None, attention: str = "ragged") -> dict:
     """Answer every prompt with the target (a TargetSpec or a model directory); write OpenAI-messages
     JSONL to `out_jsonl` and its stats to `regenerate_stats_path(out_jsonl)`. Returns the stats.
 
     `prompts`: what load_prompt_records takes (regeneration_prompts' result keeps the counts of what it
     dropped). `max_prompt_tokens` (the workflow passes seq_length): a prompt whose chat-template rendering has
     at least this many tokens is dropped (`prompt_too_long`); training would truncate its answer away.
-    `backend`: "hf" (device, dtype, batch_size), "vllm" (dtype, batch_size as max_num_seqs, tensor_parallel_size,
+    `backend`: "hf" (device, dtype, batch_size, attention), "vllm" (dtype, batch_size as max_num_seqs, tensor_parallel_size,
     gpu_memory_utilization, max_model_len: a longer prompt is dropped as `prompt_exceeds_max_model_len`), or a
     backend object (its settings are its own; it is not closed here).
     Every prompt read is answered or counted in the stats' `dropped_by_reason`, and a warning gives the counts.
@@ -396,8 +396,9 @@ def regenerate(prompts, target: TargetSpec | str | Path, out_jsonl: str | Path, 
     owned = isinstance(backend, str)
     if owned:  # first: a backend that cannot run here fails before anything is read or loaded
         backend = make_backend(backend, target, {
-            "device": device, "dtype": dtype, "batch_size": batch_size, "tensor_parallel_size": tensor_parallel_size,
-            "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len})
+            "device": device, "dtype": dtype, "batch_size": batch_size, "attention": attention,
+            "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len})
     try:
         return _regenerate(prompts, target, Path(out_jsonl), backend, show_progress, max_prompt_tokens, chunk_size, {
             "max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_p": float(top_p),

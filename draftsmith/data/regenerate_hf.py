@@ -80,11 +80,14 @@ class HFBackend:
         self.compile_layers = self.device.startswith("cuda")
         if self.compile_layers:
             self.settings["compiled_layers"] = "RMSNorm, MLP"
-        # and its decode steps attend to each row's own slots (a Triton kernel: 111.7k vs 49.2k new tokens/s side by
-        # side on one H100 at batch 2048), another rounding of the attention; without Triton, SDPA over the busy
-        # rows' common span
+        # and its decode steps attend to each row's own slots (`attention: ragged`, a Triton kernel: 111.7k vs 49.2k
+        # new tokens/s side by side on one H100 at batch 2048), another rounding of the attention; without Triton, or
+        # with `attention: span`, SDPA over the busy rows' common span
+        attention = str(cfg.get("attention", "ragged"))
+        if attention not in ("ragged", "span"):
+            raise ValueError(f"regenerate.attention must be ragged or span, got {attention!r}")
         self.ragged = False
-        if self.device.startswith("cuda"):
+        if self.device.startswith("cuda") and attention == "ragged":
             problem = ragged_attention_available(torch.device(self.device))
             self.ragged = problem is None
             if self.ragged:

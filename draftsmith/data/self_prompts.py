@@ -255,13 +255,14 @@ def self_prompts(target: TargetSpec | str | Path, out_jsonl: str | Path, num_pro
                  max_words: int = DEFAULTS["max_words"], max_benchmark_overlap: float = DEFAULTS["max_benchmark_overlap"],
                  max_candidates_factor: float = DEFAULTS["max_candidates_factor"], benchmark_questions=None,
                  backend="hf", chunk_size: int = 64, batch_size: int = 16, device: str = "cpu", dtype: str = "float32",
+                 attention: str = "ragged",
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
                  threads: int | None = None, show_progress: bool = True) -> dict:
     """Have the target write `num_prompts` user prompts (module doc); write them as prompt JSONL to `out_jsonl` and
     the stats to `<name>.stats.json` beside it. Returns the stats.
 
     `name`: the dataset's name (in every candidate's seed, so two datasets of source self differ). `backend`: "hf" or
-    "vllm" with regenerate's settings (device, dtype, batch_size, tensor_parallel_size, gpu_memory_utilization,
+    "vllm" with regenerate's settings (device, dtype, batch_size, attention, tensor_parallel_size, gpu_memory_utilization,
     max_model_len), or a backend object (not closed here). `benchmark_questions`: MT-Bench's question.jsonl (default:
     the packaged one). chunk_size and batch_size change how the work runs, not what it writes."""
     from tqdm import tqdm
@@ -279,8 +280,9 @@ def self_prompts(target: TargetSpec | str | Path, out_jsonl: str | Path, num_pro
     owned = isinstance(backend, str)
     if owned:  # a backend that cannot run here fails before anything loads
         backend = make_backend(backend, target, {
-            "device": device, "dtype": dtype, "batch_size": batch_size, "tensor_parallel_size": tensor_parallel_size,
-            "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len})
+            "device": device, "dtype": dtype, "batch_size": batch_size, "attention": attention,
+            "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len})
     params = {"name": name, "temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k),
               "seed": int(seed), "max_new_tokens": int(max_new_tokens), "dtype": dtype}
     try:

@@ -44,39 +44,50 @@ def _kernel():
     @triton.jit
     def ragged_decode_kernel(Q, K, V, Out, Bounds, scale, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
                              stride_vb, stride_vh, stride_vl, stride_ob, stride_oh,
-                             GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+                             GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
+                             BLOCK: tl.constexpr):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         start = tl.load(Bounds + 2 * row)
         end = tl.load(Bounds + 2 * row + 1)  # inclusive: the slot this step wrote
         heads = tl.arange(0, GROUP_TILE)
-        dims = tl.arange(0, D)
-        head_ok = heads < GROUP
+        dims = tl.arange(0, D_TILE)
+        head_mask = (heads < GROUP)[:, None]
+        if D_TILE != D:  # a head size that is no power of two, padded with zeros (resolved at compile time)
+            head_mask = head_mask & (dims < D)[None, :]
         q_ptr = Q + row * stride_qb + (kv_head * GROUP + heads)[:, None] * stride_qh + dims[None, :]
-        q = tl.load(q_ptr, mask=head_ok[:, None], other=0.0)
+        q = tl.load(q_ptr, mask=head_mask, other=0.0)
         m = tl.full([GROUP_TILE], float("-inf"), tl.float32)
         total = tl.zeros([GROUP_TILE], tl.float32)
-        acc = tl.zeros([GROUP_TILE, D], tl.float32)
+        acc = tl.zeros([GROUP_TILE, D_TILE], tl.float32)
         k_base = K + row * stride_kb + kv_head * stride_kh
         v_base = V + row * stride_vb + kv_head * stride_vh
         for first in range((start // BLOCK) * BLOCK, end + 1, BLOCK):
             slots = first + tl.arange(0, BLOCK)
             inside = (slots >= start) & (slots <= end)
-            k = tl.load(k_base + slots[:, None] * stride_kl + dims[None, :], mask=inside[:, None], other=0.0)
+            slot_mask = inside[:, None]
+            if D_TILE != D:
+                slot_mask = slot_mask & (dims < D)[None, :]
+            k = tl.load(k_base + slots[:, None] * stride_kl + dims[None, :], mask=slot_mask, other=0.0)
             scores = tl.dot(q, tl.trans(k)) * scale
             scores = tl.where(inside[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, 1))
             p = tl.exp(scores - m_new[:, None])
             alpha = tl.exp(m - m_new)
             total = total * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + slots[:, None] * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
+            v = tl.load(v_base + slots[:, None] * stride_vl + dims[None, :], mask=slot_mask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         out = acc / total[:, None]
         o_ptr = Out + row * stride_ob + (kv_head * GROUP + heads)[:, None] * stride_oh + dims[None, :]
-        tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=head_ok[:, None])
+        tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=head_mask)
 
     return ragged_decode_kernel
+
+
+def tile(size: int) -> int:
+    """A tile's side for `size`: the next power of two, 16 at least (Triton's block shapes and tl.dot's minimum)."""
+    return max(16, 1 << (size - 1).bit_length())
 
 
 def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor,
@@ -87,10 +98,9 @@ def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     `block` (slots per tile) and `warps` are the launch's tuning (perf/ragged_attention_bench.py measures them)."""
     rows, heads, width, dim = query.shape
     kv_heads = key.shape[1]
-    if width != 1 or heads % kv_heads or dim & (dim - 1) or dim < 16:
-        raise ValueError(f"ragged decode attention takes one query token per row, query heads a multiple of the KV "
-                         f"heads and a power-of-two head size >= 16; got query {tuple(query.shape)}, key "
-                         f"{tuple(key.shape)}")
+    if width != 1 or heads % kv_heads:
+        raise ValueError(f"ragged decode attention takes one query token per row and query heads a multiple of the "
+                         f"KV heads; got query {tuple(query.shape)}, key {tuple(key.shape)}")
     if bounds.shape != (rows, 2) or not bounds.is_contiguous():
         raise ValueError(f"bounds must be a contiguous [{rows}, 2] tensor, got {tuple(bounds.shape)}")
     if key.stride(3) != 1 or value.stride(3) != 1 or query.stride(3) != 1:
@@ -100,5 +110,5 @@ def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     _kernel()[(rows, kv_heads)](
         query, key, value, out, bounds, scale, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         key.stride(2), value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(2),
-        GROUP=group, GROUP_TILE=max(16, 1 << (group - 1).bit_length()), D=dim, BLOCK=block, num_warps=warps)
+        GROUP=group, GROUP_TILE=tile(group), D=dim, D_TILE=tile(dim), BLOCK=block, num_warps=warps)
     return out
