@@ -2,7 +2,9 @@
 
 A full-attention SDPA model (Llama, Qwen, SmolLM2, ...) decodes with draftsmith.decoding.batch: `batch_size` rows
 over a static KV cache, each row refilled with the next prompt as soon as its answer ends, the decode step replayed
-as a CUDA graph on a GPU. Sampling there draws from seeded counter-based noise per row (`choose_tokens`).
+as a CUDA graph on a GPU, where each row's attention reads only its own cache slots (`attention: ragged`, a Triton
+kernel; `span`: SDPA over the busy rows' common span). Sampling there draws from seeded counter-based noise per row
+(`choose_tokens`).
 
 Any other model (sliding-window attention, ...) goes through transformers' `generate` in left-padded batches:
 requests sorted longest first, `batch_size` at a time, left-padded with the pad token (else the first stop token).
