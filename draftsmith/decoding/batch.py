@@ -332,7 +332,7 @@ class BatchDecoder:
         # the host's time in each part of the loop besides that wait: "refill" (prefills launched), "launch" (a
         # window's steps launched), "look" (a window's finished rows handed back): where it is the bottleneck
         self.host_seconds: Counter = Counter()
-        self._events: dict[str, list] = {"prefill_seconds": [], "decode_seconds": []}
+        self._events: dict[str, list] = {"prefill": [], "decode": []}  # (start, end) CUDA events, read at the end
 
     def counters(self) -> dict:
         """The running counters, for throughput reports: the difference of two readings covers the calls between."""
@@ -524,13 +524,15 @@ class BatchDecoder:
                     width = max(len(prompts[i]) for i in group)
                     for row, i in zip(rows, group):
                         owner[row], filled_in[row], row_slot[row], row_start[row] = i, window, width, width - len(prompts[i])
-                    with self._timed("prefill_seconds"):
+                    with self._timed("prefill"):
                         self._prefill(rows, [prompts[i] for i in group], [seeds[i] for i in group])
                 lap("refill")
-            # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least)
-            needed = max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2)
-            with self._timed("decode_seconds"):
-                taken = self._steps(self.sync_every, self.length if self.ragged else attention_span(needed, self.length))
+            # the span holds every busy row's slots through the next steps (graph warm-up: 2 at least); ragged steps
+            # read each row's own slots of the whole cache
+            span = self.length if self.ragged else attention_span(
+                max(row_slot[r] for r in range(self.batch_size) if owner[r] >= 0) + max(self.sync_every, 2), self.length)
+            with self._timed("decode"):
+                taken = self._steps(self.sync_every, span)
             for row in range(self.batch_size):
                 if owner[row] >= 0:
                     self.busy_row_steps += taken
@@ -565,17 +567,23 @@ class BatchDecoder:
                 if progress is not None:
                     progress(len(done))
                 lap("look")
-        for counter, events in self._events.items():
-            if events:
-                events[-1][1].synchronize()
-            setattr(self, counter, getattr(self, counter) + sum(a.elapsed_time(b) for a, b in events) / 1e3)
-            events.clear()
+        self.prefill_seconds += self._device_seconds("prefill")
+        self.decode_seconds += self._device_seconds("decode")
         return answers
 
+    def _device_seconds(self, part: str) -> float:
+        """The device time `_timed(part)` recorded since the last reading (waits for the last of its events)."""
+        events = self._events[part]
+        if events:
+            events[-1][1].synchronize()
+        seconds = sum(start.elapsed_time(end) for start, end in events) / 1e3
+        events.clear()
+        return seconds
+
     @contextmanager
-    def _timed(self, counter: str):
-        """On CUDA, the device time of the work queued within the block, added to `counter` once all steps ran
-        (events: the host does not wait)."""
+    def _timed(self, part: str):
+        """On CUDA, the device time of the work queued within the block, read by `_device_seconds(part)` once all
+        steps ran (events: the host does not wait)."""
         if self.device.type != "cuda":
             yield
             return
@@ -583,4 +591,4 @@ class BatchDecoder:
         start.record()
         yield
         end.record()
-        self._events[counter].append((start, end))
+        self._events[part].append((start, end))
