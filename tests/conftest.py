@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -69,12 +73,40 @@ def write_config(workdir: Path, overrides: dict | None = None) -> Path:
     return path
 
 
+_FORK_SERVERS: queue.SimpleQueue = queue.SimpleQueue()  # idle tests/snakemake_forks.py processes
+FORKED_CPU_SECONDS = [0.0]  # CPU time of the commands those processes ran for this one
+
+
+def run_snakemake_cli(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """`snakemake *args` in `cwd` with `env`, through a tests/snakemake_forks.py process (Snakemake imported once per
+    process; one process per concurrent caller)."""
+    try:
+        server = _FORK_SERVERS.get_nowait()
+    except queue.Empty:
+        server = subprocess.Popen([sys.executable, str(REPO / "tests" / "snakemake_forks.py")], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, cwd=REPO)
+        atexit.register(server.stdin.close)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        server.stdin.write(json.dumps({"argv0": SNAKEMAKE, "args": args, "cwd": str(cwd), "env": env, "stdout": str(out),
+                                       "stderr": str(err)}) + "\n")
+        server.stdin.flush()
+        answer = server.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"tests/snakemake_forks.py exited ({server.wait()}) on snakemake {' '.join(args)}")
+        answer = json.loads(answer)
+        FORKED_CPU_SECONDS[0] += answer["cpu_seconds"]
+        proc = subprocess.CompletedProcess([SNAKEMAKE, *args], answer["returncode"],
+                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
+    _FORK_SERVERS.put(server)
+    return proc
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config."""
-    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile",
-           str(workdir / "config.yaml"), "--cores", "2", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    args = ["-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"),
+            "--cores", "2", *args]
+    proc = run_snakemake_cli(args, Path.cwd(), {**os.environ, "PYTHONUNBUFFERED": "1"})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
@@ -109,23 +141,87 @@ def packages_not_installed(monkeypatch):
     monkeypatch.setattr(metadata, "distribution", missing)
 
 
-@pytest.fixture(scope="session")
-def pipeline_run(tmp_path_factory) -> Path:
-    """The whole DAG on the tiny configuration, run once; returns the working directory."""
-    workdir = tmp_path_factory.mktemp("pipeline")
-    write_config(workdir)
-    snakemake(workdir)
+def shared_dir(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this test run shares (the base temporary folder without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` run once per test run, whichever worker asks first; the others wait for it and share the
+    result (read-only: a test that changes it works on a copy, see `copy_run`). A build that failed is retried."""
+    from filelock import FileLock
+
+    root = shared_dir(tmp_path_factory)
+    folder, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+def copy_run(run: Path, workdir: Path, overrides: dict | None = None) -> Path:
+    """A whole copy of a pipeline's working directory: results (mtimes kept), config and Snakemake's records of how
+    each output was made (.snakemake/metadata, keyed by output path: re-keyed to the copy's paths), so that a plan in
+    the copy is the plan the original would make. `overrides` are merged into the copy's config as in write_config."""
+    import base64
+
+    shutil.copytree(run, workdir, symlinks=True, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("locks", "incomplete"))
+    old, new = str(run), str(workdir)
+    meta = workdir / ".snakemake" / "metadata"
+    for record in [p for p in meta.rglob("*") if p.is_file()] if meta.is_dir() else []:
+        parts = record.relative_to(meta).parts
+        key = base64.urlsafe_b64decode("".join(part.removeprefix("@") for part in parts)).decode()
+        if not key.startswith(old + "/"):
+            continue  # a relative output path stays valid in the copy
+        text = record.read_text().replace(f'"{old}/', f'"{new}/')
+        encoded = base64.urlsafe_b64encode((new + key[len(old):]).encode()).decode()
+        chunks = [encoded[i:i + 254] for i in range(0, len(encoded), 254)]
+        target = meta.joinpath(*["@" + c for c in chunks[:-1]], chunks[-1])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        os.utime(target, ns=(record.stat().st_atime_ns, record.stat().st_mtime_ns))
+        record.unlink()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    if str(config.get("results", "")).startswith(old):
+        config["results"] = new + config["results"][len(old):]
+    for key, value in (overrides or {}).items():
+        merge = isinstance(value, dict) and isinstance(config.get(key), dict) and key not in ("datasets", "variants")
+        config[key] = {**config[key], **value} if merge else value
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return workdir
 
 
+@pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory) -> Path:
+    """The whole DAG on the tiny configuration, run once per test run (shared by xdist workers); returns its
+    working directory. Read-only: tests that change it use `run_copy` or `copy_run`."""
+
+    def build(workdir: Path) -> None:
+        write_config(workdir)
+        snakemake(workdir)
+
+    return built_once(tmp_path_factory, "pipeline", build)
+
+
 @pytest.fixture(scope="module")
-def up_to_date_run(pipeline_run) -> Path:
-    """The session's pipeline run brought up to date (tests in earlier modules may have rebuilt one of its outputs);
-    tests that use it put back what they change."""
-    snakemake(pipeline_run)
-    noop = snakemake(pipeline_run, "-n")
+def up_to_date_run(pipeline_run, tmp_path_factory) -> Path:
+    """A private copy of the session's pipeline run for one test module, up to date; its tests may change it (and
+    put back what they change for the module's later tests)."""
+    workdir = copy_run(pipeline_run, tmp_path_factory.mktemp("run_copy"))
+    noop = snakemake(workdir, "-n")
     assert "Nothing to be done" in noop.stdout + noop.stderr, noop.stdout[-3000:]
-    return pipeline_run
+    return workdir
+
+
+@pytest.fixture
+def run_copy(pipeline_run, tmp_path) -> Path:
+    """A private copy of the session's pipeline run for one test."""
+    return copy_run(pipeline_run, tmp_path / "run")
 
 
 def build_target(out: Path, config: dict) -> Path:
@@ -156,14 +252,15 @@ def prepare_samples(target: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
-    """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained)."""
-    return build_target(tmp_path_factory.mktemp("tiny_target"), {**TINY_CONFIG["embedded_target"], "pretrain_steps": 40})
+    """A small Llama target + tokenizer built by the embedded-target code (briefly pretrained), once per test run."""
+    return built_once(tmp_path_factory, "tiny_target",
+                      lambda out: build_target(out, {**TINY_CONFIG["embedded_target"], "pretrain_steps": 40}))
 
 
 @pytest.fixture(scope="session")
 def tiny_samples(tiny_target, tmp_path_factory) -> Path:
-    """Prepared samples (Parquet) of a small synthetic dataset for `tiny_target`."""
-    return prepare_samples(tiny_target, tmp_path_factory.mktemp("tiny_samples"))
+    """Prepared samples (Parquet) of a small synthetic dataset for `tiny_target`, once per test run."""
+    return built_once(tmp_path_factory, "tiny_samples", lambda out: prepare_samples(tiny_target, out)) / "samples.parquet"
 
 
 @pytest.fixture(scope="session")
@@ -175,3 +272,39 @@ def imported(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2") / "target"
     provenance, model, tokenizer = gguf.import_and_load(out)
     return out, provenance, model, tokenizer
+
+
+# Modules that share a per-process fixture too costly to build twice run on one pytest-xdist worker; every other
+# module is a group of its own, so that its module-scoped fixtures are built once (`--dist loadgroup`).
+XDIST_GROUPS = {"test_gguf_target": "smollm2", "test_default_pipeline": "smollm2", "test_batch_decoding": "smollm2"}
+
+
+PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "regenerated_run", "self_written_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
+        if PIPELINE_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.pipeline)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and every process it waited for, the fork servers' commands included."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + FORKED_CPU_SECONDS[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With DRAFTSMITH_TEST_CPU=<file>, each test's CPU seconds (setup, fixtures and teardown included) are appended to
+    <file> as `seconds<TAB>node id`: a measure of a test's cost that does not depend on how loaded the machine is."""
+    path = os.environ.get("DRAFTSMITH_TEST_CPU")
+    start = cpu_seconds()
+    yield
+    if path:
+        with open(path, "a") as out:
+            out.write(f"{cpu_seconds() - start:.1f}\t{item.nodeid}\n")

@@ -89,8 +89,8 @@ def test_round_costs_reads_the_benchmarks_per_prompt_table(pipeline_run):
     assert (table["first-of-length prompts"] == lengths.nunique()).all()
 
 
-def test_noop_rerun_targeted_rebuild_and_rerun_triggers(pipeline_run):
-    workdir = pipeline_run
+def test_noop_rerun_targeted_rebuild_and_rerun_triggers(run_copy):
+    workdir = run_copy
     r = workdir / "results"
     start = time.perf_counter()
     noop = snakemake(workdir, "-n")
