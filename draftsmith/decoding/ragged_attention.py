@@ -95,7 +95,7 @@ def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     """query [B, H, 1, D] (one token per row); key, value [B, KV, L, D] (the cache, H a multiple of KV: query head
     h uses KV head h // (H // KV)); bounds [B, 2] (contiguous int64: each row attends its slots bounds[b, 0]..
     bounds[b, 1], inclusive, a non-empty range). Returns [B, 1, H, D], as transformers' attention functions do.
-    `block` (slots per tile) and `warps` are the launch's tuning (perf/ragged_attention_bench.py measures them)."""
+    `block` (slots per tile) and `warps` are the launch's tuning (docs/BENCHMARKS.md, "Regenerate throughput")."""
     rows, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     if width != 1 or heads % kv_heads:
