@@ -1,7 +1,7 @@
 """A decode step's attention over each row's own cache slots (a Triton kernel), for the batched decoder.
 
 With SDPA every row of a decode step reads the same span of the cache: the slots the longest busy sequence needs.
-Measured on one H100 (docs/BENCHMARKS.md, eighteenth session): at batch 2048 over 2,339 real prompts, busy rows filled
+Measured on one H100 (docs/BENCHMARKS.md, "Regenerate throughput"): at batch 2048 over 2,339 real prompts, busy rows filled
 210 slots on average while the steps read 700 (and a quarter of the rows were free), so ~80% of the attention's reads
 were padding, and the attention was about half of a step (~5 ms per 256 slots). Here each (row, KV head) reads only
 its slots start..end, in blocks of BLOCK_N, with the query heads that share the KV head as the rows of one tile
