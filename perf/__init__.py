@@ -5,6 +5,7 @@ perf/results/README.md says what every file there is. The GPU machine's scripts 
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
 # name (the module perf/<name>.py) -> what it measures or does, in one line
@@ -47,4 +48,5 @@ def listing() -> str:
 def run(name: str, argv: list[str]) -> None:
     if name not in BENCHMARKS and name not in TOOLS:
         raise SystemExit(f"perf: no benchmark or tool named {name!r}; `python -m perf` lists them")
+    sys.argv[0] = f"python -m perf {name}"  # argparse's usage line names the command as typed
     importlib.import_module(f"perf.{name}").main(argv)
