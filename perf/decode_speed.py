@@ -4,13 +4,11 @@ Runs draftsmith's offline benchmark twice in one process on the same prompts, ta
 (`benchmark.cuda_graphs` false, then true) and tabulates tokens/s, speedup over target-only greedy,
 acceptance length and the cost ratio c for each. GPU only (CUDA graphs).
 
-    python perf/decode_speed.py --results results-gpu --num-prompts 8 --table perf/results/decode_speed.md
+    python -m perf decode_speed --results results-gpu --num-prompts 8
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
@@ -18,32 +16,29 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from draftsmith.benchmark.offline import run_offline_benchmark
 from draftsmith.config.workflow import section_defaults
 from draftsmith.data.prompts import read_benchmark_prompts
-from draftsmith.io import write_text
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.draft_model import resolve_num_speculative_tokens
+from perf.common import parser, write_table
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None):
+    ap = parser(__doc__, table="decode_speed")
     ap.add_argument("--results", required=True, help="a finished results tree (target/, draft/<variant>/, benchmark/)")
     ap.add_argument("--variant", default="default")
     ap.add_argument("--target", default=None, help="target model (default: the tree's embedded target/)")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--table", default="perf/results/decode_speed.md")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("decode_speed.py compares CUDA-graph replay with eager steps: it needs a CUDA device")
+        sys.exit("decode_speed compares CUDA-graph replay with eager steps: it needs a CUDA device")
     results = Path(args.results)
     draft_dir = results / "draft" / args.variant
     prompts_file = results / "benchmark" / "prompts.jsonl"
     if not (draft_dir / "config.json").is_file() or not prompts_file.is_file():
-        sys.exit(f"{results}: no trained draft or benchmark prompts; run the workflow first (perf/gpu_suite.sh pipeline)")
+        sys.exit(f"{results}: no trained draft or benchmark prompts; run the workflow first (bash perf/gpu/pipeline.sh)")
     target = TargetSpec(args.target or str(results / "target"))
     prompts = read_benchmark_prompts(str(prompts_file))[: args.num_prompts]
     cfg = {**section_defaults("benchmark"), "device": "cuda", "dtype": "bfloat16", "max_new_tokens": args.max_new_tokens,
@@ -70,9 +65,7 @@ def main():
             lines.append(f"| {name} | {method} | {stats['acceptance_length']:.2f} | {stats['tokens_per_s']:.1f} | "
                          f"{stats['speedup']:.2f} | {bound} | {ratio:.2f} |")
     table = "\n".join(lines) + "\n"
-    print(table)
-    write_text(args.table, table)
-    write_text(Path(args.table).with_suffix(".json"), json.dumps(summaries, indent=2) + "\n")
+    write_table(args.table, table, summaries)
 
 
 if __name__ == "__main__":

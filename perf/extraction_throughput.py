@@ -6,35 +6,32 @@ current one, so that the change is measured side by side. The
 limit is the larger of two floors: prefill FLOPs over the measured matmul rate, and bytes
 written over the measured write bandwidth (with fsync) of the output disk.
 
-    python perf/extraction_throughput.py --preset reference --out-dir /tmp/x --table perf/results/extraction.md
-    python perf/extraction_throughput.py --preset embedded ...   # the embedded default's size, on CPU
-    ... --profile perf/results/extraction_profile.txt   # then one more batched run under torch.profiler + cProfile
+    python -m perf extraction_throughput --preset reference --device cuda --out-dir /tmp/x
+    python -m perf extraction_throughput --preset embedded ...   # the embedded default's size, on CPU
+    ... --profile /tmp/extraction_profile.txt   # then one more batched run under torch.profiler + cProfile
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from draftsmith.devices import resolve_device, resolve_dtype  # noqa: E402
-from draftsmith.extraction.driver import extract_shard  # noqa: E402
-from draftsmith.extraction.hf_backend import BatchStates, HFBackend, HFHiddenStateExtractor  # noqa: E402
-from draftsmith.extraction.shards import serialise_sample  # noqa: E402
-from draftsmith.io import sha256_bytes, write_text  # noqa: E402
-from draftsmith.provenance import package_versions  # noqa: E402
-from draftsmith.target_model.layers import default_aux_layer_ids  # noqa: E402
-from draftsmith.target_model.spec import TargetSpec  # noqa: E402
+from draftsmith.devices import resolve_device, resolve_dtype
+from draftsmith.extraction.driver import extract_shard
+from draftsmith.extraction.hf_backend import BatchStates, HFBackend, HFHiddenStateExtractor
+from draftsmith.extraction.shards import serialise_sample
+from draftsmith.io import sha256_bytes, write_text
+from draftsmith.provenance import package_versions
+from draftsmith.target_model.layers import default_aux_layer_ids
+from draftsmith.target_model.spec import TargetSpec
+from perf.common import commit, parser, write_table
 
 PRESETS = {
     # DESIGN.md's reference: 24 layers, hidden 1024, 443M parameters, 192 sequences of 256-2048 tokens
@@ -167,17 +164,16 @@ def profile_batched(run, device: torch.device, path: Path) -> None:
     print(f"profile written to {path}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None):
+    ap = parser(__doc__, table="extraction")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="reference")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out-dir", default=None, help="where shards are written (the disk under test)")
-    ap.add_argument("--table", default="perf/results/extraction.md")
     ap.add_argument("--num-seqs", type=int, default=None)
     ap.add_argument("--profile", default=None, help="write where the batched run's time goes to this file")
     ap.add_argument("--rounds", type=int, default=2, help="batched runs per path (the fastest is reported)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     p = dict(PRESETS[args.preset])
     if args.num_seqs:
         p["num_seqs"] = args.num_seqs
@@ -244,7 +240,7 @@ def main():
         f"Extraction throughput, preset `{args.preset}`: {p['layers']} layers, hidden {p['hidden']}, "
         f"{params / 1e6:.1f}M parameters, {p['num_seqs']} sequences of {p['min_len']}-{p['max_len']} tokens "
         f"({tokens} tokens), 4 states per token, {dtype}, on {device_name}; "
-        f"{time.strftime('%Y-%m-%d')}; torch {package_versions().get('torch')}",
+        f"{time.strftime('%Y-%m-%d')}; commit {commit()}; torch {package_versions().get('torch')}",
         "",
         "| method | tokens/s | seconds | vs batch-1 | vs limit |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -261,12 +257,10 @@ def main():
         f"current {', '.join(f'{x:.2f}' for x in seconds['current'])} s); current vs previous {t_previous / t_batched:.2f}x.",
     ]
     table = "\n".join(lines) + "\n"
-    print(table)
-    write_text(args.table, table)
-    write_text(Path(args.table).with_suffix(".json"), json.dumps({
+    write_table(args.table, table, {
         "preset": args.preset, "tokens": tokens, "batch1_tps": rows[0][1], "previous_path_tps": rows[1][1], "batched_tps": rows[2][1],
         "batched_seconds": seconds, "limit_tps": limit,
-        "matmul_tflops": tflops, "write_gbps": bandwidth / 1e9, "device": device_name}, indent=2) + "\n")
+        "matmul_tflops": tflops, "write_gbps": bandwidth / 1e9, "device": device_name, "commit": commit()})
 
 
 if __name__ == "__main__":

@@ -5,22 +5,17 @@ It reads each benchmarked variant's `benchmark/{variant}/summary.json` and its d
 `training_data.json` (no GPU needed: a finished run); the report's `learning_curve.csv` is the same table
 (draftsmith.report.learning_curve).
 
-    python perf/learning_curve.py --results results-gpu --out perf/results/smollm2_h200_learning_curve.csv
+    python -m perf learning_curve --results results-gpu --out perf/results/<name>_learning_curve.csv
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from draftsmith.report.learning_curve import from_results, write_csv
+from perf.common import parser
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--results", required=True, help="a results directory (config `results:`)")
     ap.add_argument("--out", required=True, help="the CSV to write")
     args = ap.parse_args(argv)

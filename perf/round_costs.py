@@ -5,21 +5,16 @@ prompt), split by whether the prompt's length occurs for the first time in the r
 only first-of-a-length prompts pay is a shape-dependent first call (a kernel plan, a capture) inside a timed
 decode; the speedups over the other prompts show the run without it.
 
-    python perf/round_costs.py results-gpu/benchmark/default/per_prompt.csv --table perf/results/round_costs.md
+    python -m perf round_costs results-gpu/benchmark/default/per_prompt.csv --table perf/results/<run>.round_costs.md
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
 import pandas as pd
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.io import write_text
+from perf.common import parser
 
 
 def round_costs(per_prompt: pd.DataFrame) -> pd.DataFrame:
@@ -43,15 +38,15 @@ def round_costs(per_prompt: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None):
+    ap = parser(__doc__)
     ap.add_argument("per_prompt", help="a benchmark's per_prompt.csv")
     ap.add_argument("--table", default=None, help="also write the table (markdown) here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     table = round_costs(pd.read_csv(args.per_prompt)).round(3).to_markdown(index=False)
     print(table)
     if args.table:
-        write_text(args.table, f"`python perf/round_costs.py {args.per_prompt}`\n\n{table}\n")
+        write_text(args.table, f"`python -m perf round_costs {args.per_prompt}`\n\n{table}\n")
 
 
 if __name__ == "__main__":

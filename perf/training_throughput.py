@@ -6,7 +6,7 @@ noise, `Trainer` on `local_rank` 0), driven through speculators' public API in t
 Both run one epoch over the same shards with the same sequence budget, TTT steps and lr, after a
 shared warm-up so neither pays torch.compile alone. GPU only: speculators 0.3.0 cannot train on CPU.
 
-    python perf/training_throughput.py --results results-gpu --epochs 1 --table perf/results/training.md
+    python -m perf training_throughput --results results-gpu --epochs 1
 
 --repeats n alternates the two runs n times (recipe, ours, recipe, ours, ...) to show the run-to-run spread;
 --profile FILE profiles a few steady steps of a separate one-epoch draftsmith run (torch.profiler: the ops that
@@ -15,8 +15,6 @@ take the time, and how busy the device was over those steps).
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -26,13 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from draftsmith.extraction.shards import shard_files  # noqa: E402
-from draftsmith.io import read_json, write_text  # noqa: E402
-from draftsmith.provenance import package_versions  # noqa: E402
-from draftsmith.target_model.spec import TargetSpec  # noqa: E402
-from draftsmith.training.trainer import matmul_precision, run_training, split_train_val  # noqa: E402
+from draftsmith.extraction.shards import shard_files
+from draftsmith.io import read_json, write_text
+from draftsmith.provenance import package_versions
+from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.trainer import matmul_precision, run_training, split_train_val
+from perf.common import commit, parser, write_table
 
 
 class StepTimer(logging.Handler):
@@ -154,19 +151,18 @@ def warm_up(files, d2t_path, t2d_path, target, cfg):
     return time.perf_counter() - start
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None):
+    ap = parser(__doc__, table="training")
     ap.add_argument("--results", required=True, help="a results tree with shards/, vocab/ and target/ (the GPU config's)")
     ap.add_argument("--target", default=None)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--min-steps", type=int, default=0, help="raise --epochs until each run takes at least this many steps")
     ap.add_argument("--total-seq-length", type=int, default=8192)
-    ap.add_argument("--table", default="perf/results/training.md")
     ap.add_argument("--repeats", type=int, default=1, help="alternate the two runs this many times (run-to-run spread)")
     ap.add_argument("--profile", default=None, help="write a torch.profiler table of draftsmith's steady steps here")
     ap.add_argument("--tf32", choices=["on", "off"], default="on",
                     help="draftsmith's training.tf32 (the recipe runs at PyTorch's default, full float32)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     results = Path(args.results)
     target = TargetSpec(args.target or str(results / "target"))
     manifests = sorted(str(p) for p in results.glob("shards/*/shard_*/manifest.json"))
@@ -176,7 +172,7 @@ def main():
            "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1, "tf32": args.tf32 == "on"}
     if not manifests or not Path(d2t).is_file():
         sys.exit(f"{results}: no shards or vocab map; build them first, e.g. `snakemake --cores all --configfile "
-                 "config/gpu.yaml` (perf/gpu_suite.sh pipeline) or pass --results of a finished run")
+                 "config/gpu.yaml` (bash perf/gpu/pipeline.sh) or pass --results of a finished run")
     files = shard_files(manifests)
     lengths = [e["num_tokens"] for m in manifests for e in read_json(m)["samples"]]
     (train_files, train_lengths), (val_files, _) = split_train_val(files, lengths, 0.1, 0)
@@ -204,7 +200,7 @@ def main():
         lines = [
             f"Draft training throughput, {len(manifests)} shards, {len(train_files)} training samples ({train_tokens} "
             f"tokens), {args.epochs} epoch(s) each with validation and checkpointing, total_seq_length "
-            f"{args.total_seq_length}, 3 TTT steps, on {device}; {time.strftime('%Y-%m-%d')}; torch "
+            f"{args.total_seq_length}, 3 TTT steps, on {device}; {time.strftime('%Y-%m-%d')}; commit {commit()}; torch "
             f"{package_versions().get('torch')}, speculators {package_versions().get('speculators')}. Shared warm-up "
             f"(torch.compile) took {compile_s:.1f} s, excluded. Runs alternate, {args.repeats} of each; ratios are "
             "against the recipe run of the same repeat. float32 matmuls: the recipe full float32 (PyTorch's default), "
@@ -234,13 +230,11 @@ def main():
                       f"{profile['wall_s']:.3f} s wall, device kernels {profile['device_busy_s']:.3f} s "
                       f"({100 * profile['device_busy_fraction']:.0f}% busy)."]
         table = "\n".join(lines) + "\n"
-        print(table, flush=True)
-        write_text(args.table, table)
-        write_text(Path(args.table).with_suffix(".json"), json.dumps(
+        write_table(args.table, table,
             {"runs": [{"repeat": r + 1, "run": name, "wall_s": secs, "steps": len(t.times), "steady_tps": tps}
                       for (r, name, secs, t), tps in zip(runs, steady)],
              "ratios": ratios, "tokens": tokens, "device": device, "compile_s": compile_s, "tf32": cfg["tf32"],
-             "profile": profile}, indent=2) + "\n")
+             "profile": profile, "commit": commit()})
 
     runs = []  # (repeat, name, wall seconds, StepTimer)
     with tempfile.TemporaryDirectory() as tmp:

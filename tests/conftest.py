@@ -43,16 +43,6 @@ TINY_CONFIG = {
 }
 
 
-def load_perf_script(name: str):
-    """perf/<name>.py imported as a module (the perf scripts are not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def hf_backend(target_dir, aux, extractor=None, batch_tokens=1024, max_batch_size=4, writers=2):
     """The hf extraction backend on the CPU in float32 (an `extractor` already loaded may be handed in)."""
     from draftsmith.extraction.hf_backend import HFBackend  # imports torch: not at conftest import time

@@ -1,5 +1,5 @@
 """The learning curve of a real run: the tiny pipeline with three data_fraction variants (10%, 30% and all of the
-training samples, 10x apart), its report's table and learning_curve.csv, and perf/learning_curve.py on the same tree,
+training samples, 10x apart), its report's table and learning_curve.csv, and `python -m perf learning_curve` on the same tree,
 checked against the benchmark's summary.json and the drafts' metrics.csv and training_data.json."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import shutil
 import pandas as pd
 import pytest
 import yaml
-from conftest import load_perf_script, snakemake
+from conftest import snakemake
 
 from draftsmith.io import read_json
+from perf import learning_curve, partial_report
 
 VARIANTS = {"default": {}, "data_10": {"data_fraction": 0.1}, "data_30": {"data_fraction": 0.3}}
 REQUIRED = ["variant", "data_fraction", "train_tokens", "acceptance_length", "predicted_acceptance_length", "speedup"]
@@ -92,9 +93,8 @@ def test_report_shows_the_learning_curve_table_beside_its_figure(curve_run):
 
 
 def test_perf_script_writes_the_same_curve_from_the_results_tree(curve_run, tmp_path, capsys):
-    module = load_perf_script("learning_curve")
     out = tmp_path / "smollm2_learning_curve.csv"
-    module.main(["--results", str(curve_run), "--out", str(out)])
+    learning_curve.main(["--results", str(curve_run), "--out", str(out)])
     printed = capsys.readouterr().out
     ours, report = pd.read_csv(out), pd.read_csv(curve_run / "report" / "learning_curve.csv")
     pd.testing.assert_frame_equal(ours, report)
@@ -103,13 +103,13 @@ def test_perf_script_writes_the_same_curve_from_the_results_tree(curve_run, tmp_
 
 
 def test_partial_report_of_a_run_cut_short_before_one_variants_benchmark(curve_run, tmp_path, capsys):
-    """perf/partial_report.py: the same report from a results tree where one variant was trained but not benchmarked
+    """perf.partial_report: the same report from a results tree where one variant was trained but not benchmarked
     (a GPU session that ran out): its curve row keeps the validation prediction and has no measurement."""
     results = tmp_path / "results"
     shutil.copytree(curve_run, results)
     shutil.rmtree(results / "benchmark" / "data_30")
-    load_perf_script("partial_report").main(["--results", str(results), "--out", str(tmp_path / "report"),
-                                             "--configfile", str(curve_run.parent / "config.yaml")])
+    partial_report.main(["--results", str(results), "--out", str(tmp_path / "report"),
+                         "--configfile", str(curve_run.parent / "config.yaml")])
     assert "not benchmarked: data_30" in capsys.readouterr().out
     partial = pd.read_csv(tmp_path / "report" / "learning_curve.csv").set_index("variant")
     full = pd.read_csv(curve_run / "report" / "learning_curve.csv").set_index("variant")

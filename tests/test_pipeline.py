@@ -9,13 +9,14 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO, SNAKEMAKE, jobs_planned, load_perf_script, snakemake, write_config
+from conftest import REPO, SNAKEMAKE, jobs_planned, snakemake, write_config
 from test_report import html_tables
 
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.shards import validate_shard
 from draftsmith.io import sha256_file
 from draftsmith.vocab import coverage_line
+from perf import round_costs
 
 
 def test_spine_outputs_are_real_and_consistent(pipeline_run):
@@ -72,14 +73,11 @@ def test_report_times_every_stage_from_its_benchmark_files(pipeline_run):
 
 
 def test_round_costs_reads_the_benchmarks_per_prompt_table(pipeline_run):
-    """perf/round_costs.py on the run's per_prompt.csv: a row per method, with summary.json's acceptance lengths and
+    """perf.round_costs on the run's per_prompt.csv: a row per method, with summary.json's acceptance lengths and
     speedups, and the first-of-a-length split covering the run's prompts."""
-    import pytest
-
-    module = load_perf_script("round_costs")
     bench = pipeline_run / "results" / "benchmark" / "default"
     per_prompt = pd.read_csv(bench / "per_prompt.csv")
-    table = module.round_costs(per_prompt).set_index("method")
+    table = round_costs.round_costs(per_prompt).set_index("method")
     summary = json.loads((bench / "summary.json").read_text())["methods"]
     assert set(table.index) == set(summary)
     for method, entry in summary.items():

@@ -3,7 +3,7 @@ import re
 
 import pytest
 import torch
-from conftest import hf_backend, load_perf_script
+from conftest import hf_backend
 
 from draftsmith.data.tokenization import read_samples
 from draftsmith.extraction.driver import extract_shard
@@ -157,14 +157,3 @@ def test_states_are_checked_before_they_are_written(tiny_target, tiny_samples, t
     assert not (shard_dir / re.search(r"(data_\d+\.pt)", message).group(1)).exists()
 
 
-def test_shard_check_speed_script_times_every_check_on_a_real_format_shard(tmp_path):
-    """perf/shard_check_speed.py writes a shard with the extraction's writer and times each check on it: every check
-    passes on it (a failing check would raise), and the table has one row per check."""
-    module = load_perf_script("shard_check_speed")
-    table = tmp_path / "checks.md"
-    module.main(["--samples", "6", "--tokens", "48", "--hidden", "32", "--dir", str(tmp_path), "--table", str(table)])
-    text = table.read_text()
-    assert "6 samples x 48 tokens x 4 x 32 bf16" in text
-    rows = [line for line in text.splitlines() if line.startswith("| ") and "seconds" not in line]
-    assert len(rows) == 4 and all(float(row.split("|")[2]) > 0 for row in rows)
-    assert not list(tmp_path.glob("tmp*")), "the shard is removed afterwards"

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import hf_backend, load_perf_script
+from conftest import hf_backend
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from draftsmith.data.tokenization import read_samples
@@ -21,6 +21,7 @@ from draftsmith.training.attention import dense_mask, dense_mask_sdpa_forward, f
 from draftsmith.training.draft_model import build_draft, load_draft
 from draftsmith.training.trainer import TrainingInputError, check_inputs, train_draft
 from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
+from perf import training_throughput
 
 AUX = [1, 3, 4]
 TRAINING = {"draft_layers": 1, "ttt_steps": 2, "ttt_step_loss_decay": 1.0, "lr": 0.003, "epochs": 2,
@@ -397,20 +398,19 @@ def test_data_fraction_trains_on_a_seeded_subset_validated_on_the_same_samples(t
 
 
 def test_training_throughput_profile_covers_steady_steps_of_a_real_run(training_inputs, tiny_target, tmp_path):
-    """perf/training_throughput.py's profile_steps around a real train_draft run (CPU: the SDPA stand-in): it
+    """perf.training_throughput's profile_steps around a real train_draft run (CPU: the SDPA stand-in): it
     records the steps it names, inside the run, and writes the ops that took their time."""
-    module = load_perf_script("training_throughput")
     args = {"manifests": training_inputs["manifests"], "d2t": training_inputs["d2t"], "t2d": training_inputs["t2d"],
             "target": TargetSpec(str(tiny_target)).to_dict(), "variant": "profiled", "gpus": 0, "num_workers": 0,
             "training": {**TRAINING, "total_seq_length": 128, "resume": False}, "state_dir": str(tmp_path / "state")}
-    summary = module.profile_steps(module.run_training, args, tmp_path / "profile.txt", wait=2, active=3)
+    summary = training_throughput.profile_steps(training_throughput.run_training, args, tmp_path / "profile.txt", wait=2, active=3)
     text = (tmp_path / "profile.txt").read_text()
     assert text.startswith("3 training steps of draftsmith's train_draft after 3:")
     assert summary["steps"] == 3 and 0 < summary["wall_s"] < 60
     assert summary["device_busy_s"] == 0  # no CUDA kernels on a CPU run
     assert "aten::mm" in text or "aten::addmm" in text  # the draft's linear layers ran inside the window
     with pytest.raises(RuntimeError, match="the profile needs"):
-        module.profile_steps(module.run_training, {**args, "state_dir": str(tmp_path / "again")}, tmp_path / "p2.txt",
+        training_throughput.profile_steps(training_throughput.run_training, {**args, "state_dir": str(tmp_path / "again")}, tmp_path / "p2.txt",
                              wait=500, active=3)
 
 

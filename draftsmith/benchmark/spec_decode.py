@@ -117,7 +117,7 @@ class TargetModel:
     def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False,
                  tune_kernels: bool = False, whole_cache: bool = False):
         self.model = model
-        self.whole_cache = whole_cache  # every step attends to every slot (perf/step_widths.py times both ways)
+        self.whole_cache = whole_cache  # every step attends to every slot (docs/BENCHMARKS.md: the span's gain)
         self.device = next(model.parameters()).device
         self.aux_layer_ids = list(aux_layer_ids or [])
         self._capturing = False

@@ -1,7 +1,7 @@
 """A decode step's attention over each row's own cache slots (a Triton kernel), for the batched decoder.
 
 With SDPA every row of a decode step reads the same span of the cache: the slots the longest busy sequence needs.
-Measured on one H100 (docs/BENCHMARKS.md, eighteenth session): at batch 2048 over 2,339 real prompts, busy rows filled
+Measured on one H100 (docs/BENCHMARKS.md, "Regenerate throughput"): at batch 2048 over 2,339 real prompts, busy rows filled
 210 slots on average while the steps read 700 (and a quarter of the rows were free), so ~80% of the attention's reads
 were padding, and the attention was about half of a step (~5 ms per 256 slots). Here each (row, KV head) reads only
 its slots start..end, in blocks of BLOCK_N, with the query heads that share the KV head as the rows of one tile
@@ -95,7 +95,7 @@ def ragged_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     """query [B, H, 1, D] (one token per row); key, value [B, KV, L, D] (the cache, H a multiple of KV: query head
     h uses KV head h // (H // KV)); bounds [B, 2] (contiguous int64: each row attends its slots bounds[b, 0]..
     bounds[b, 1], inclusive, a non-empty range). Returns [B, 1, H, D], as transformers' attention functions do.
-    `block` (slots per tile) and `warps` are the launch's tuning (perf/ragged_attention_bench.py measures them)."""
+    `block` (slots per tile) and `warps` are the launch's tuning (docs/BENCHMARKS.md, "Regenerate throughput")."""
     rows, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     if width != 1 or heads % kv_heads:

@@ -43,7 +43,7 @@ def attention_span(needed: int, max_length: int) -> int:
     """The slots a step attends to when its sequence fills the first `needed`: `needed` rounded up to SPAN_GRANULE,
     at most the whole cache. SDPA with a mask reads every slot it is given, padding or not, and more so at several
     queries: on one H100 SmolLM2's 4-token verification cost 0.53 ms more than a one-token step over 768 slots, 0.31
-    ms more over 256 (docs/BENCHMARKS.md, sixteenth session), so a step reads no more of the cache than it needs."""
+    ms more over 256 (docs/BENCHMARKS.md, "SmolLM2-135M on MT-Bench at batch 1"), so a step reads no more of the cache than it needs."""
     return min(max_length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE)
 
 

@@ -7,7 +7,7 @@ full accuracies), `predicted_acceptance_length` (1 + val_full_acc_0 + ... + val_
 chain of k draft tokens, draftsmith.training.acceptance), and from the benchmark's summary.json the trained draft's
 `acceptance_length` (tokens per target forward), `tokens_per_drafted_round` (the measured counterpart of the
 prediction) and `speedup` over target-only greedy (with its range over the timed runs). The report shows it as its
-learning-curve table and writes it as `learning_curve.csv`; `perf/learning_curve.py` writes it from a results tree.
+learning-curve table and writes it as `learning_curve.csv`; `python -m perf learning_curve` writes it from a results tree.
 """
 
 from __future__ import annotations

