@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 
 def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, manifests, config, out_html, out_md,
-                 figures_dir, reference=(), out_csv=None, benchmarks=None, variant_order=None) -> dict[str, pd.DataFrame]:
+                 figures_dir, reference=(), out_csv=None, benchmarks=None,
+                 variant_order=None) -> dict[str, pd.DataFrame]:
     """Build figures, HTML and Markdown from the pipeline's outputs; return the tables (raw values).
 
     `variant_order`: the variants in the config's order (default: the order of `config["variants"]`), the order of

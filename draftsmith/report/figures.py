@@ -204,8 +204,8 @@ def plot_data_size(data_size: pd.DataFrame, path: Path) -> str | None:
     """The learning curve: measured acceptance against the training tokens, with validation's prediction beside it."""
     df = data_size.dropna(subset=["acceptance length"])
     if df["train tokens"].nunique() < 2:
-        return ("every benchmarked draft trained on the same amount of data, so there is no curve to draw: add a variant "
-                "with another `data_fraction` (e.g. 0.5)")
+        return ("every benchmarked draft trained on the same amount of data, so there is no curve to draw: add a "
+                "variant with another `data_fraction` (e.g. 0.5)")
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     long = learning_curve_long(df)
     # one line per curve and set of datasets: a variant on other datasets is another kind of data, not another amount

@@ -35,8 +35,8 @@ def verdict_section(report_md: Path) -> tuple[list[str], list[str]]:
                             f"results directory of your config") from None
     lines = text.splitlines()
     if VERDICT_HEADING not in lines:
-        raise NoReportError(f"{report_md}: no '{VERDICT_HEADING}' section; re-run the report with `snakemake --cores all "
-                            f"--forcerun report`")
+        raise NoReportError(f"{report_md}: no '{VERDICT_HEADING}' section; re-run the report with `snakemake "
+                            f"--cores all --forcerun report`")
     verdicts, notes = [], []
     for line in lines[lines.index(VERDICT_HEADING) + 1:]:
         if line.startswith("#"):  # the next section, or the first variant's grounds

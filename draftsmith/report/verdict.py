@@ -219,17 +219,17 @@ def next_step(variant: str, draft: dict, k: int, data_size: pd.DataFrame, noisy:
 
 def verdict_lines(summaries: dict, methods: pd.DataFrame, predicted: pd.DataFrame,
                   data_size: pd.DataFrame) -> list[tuple[str, str, list[str]]]:
-    """Per variant in the config's order: (variant, the verdict on its trained draft in one line, its grounds: speed against target-only greedy and prompt
-    lookup, the speed ranking (or why there is none), acceptance, validation's prediction against the measurement,
-    and the next step."""
+    """Per variant in the config's order: (variant, the verdict on its trained draft in one line with its acceptance
+    and speedup, its grounds: speed against target-only greedy and prompt lookup, the speed ranking (or why there is
+    none), acceptance, validation's prediction against the measurement, and the next step)."""
     out = []
     for variant, s in summaries.items():  # in the config's order (build_report)
         rows = {r["method"]: r for r in methods[methods["variant"] == variant].to_dict("records")}
         ranking = ranking_line(variant, s["backend"], [rows[m] for m in method_order(rows)])
         draft, base, lookup = rows.get(DRAFT), rows.get(BASELINE), rows.get(LOOKUP)
         if draft is None or base is None or not _known(draft["speedup"]):
-            out.append((variant, f"**`{variant}`: no verdict**: the benchmark has no timed trained draft (eagle3_draft) beside "
-                        f"target-only greedy.", [ranking]))
+            out.append((variant, f"**`{variant}`: no verdict**: the benchmark has no timed trained draft ({DRAFT}) "
+                                 f"beside target-only greedy.", [ranking]))
             continue
         if lookup is not None and not _known(lookup["speedup"]):
             lookup = None
@@ -282,6 +282,6 @@ def cpu_demo_note(summaries: dict, config: dict) -> str | None:
             str(s.get("device", "")).startswith("cpu") for s in summaries.values()):
         return None
     return (f"This is a CPU demo run (target `{model}`, built by the workflow, benchmarked on a CPU, trained on little "
-            f"data): a draft slower than target-only greedy is expected here, and a faster one says as little. It shows "
-            f"every stage working end to end, not what a draft is worth: on a GPU with enough data, {GPU_RESULT} (README.md, \"What it gets on a real "
-            f"model\"; docs/BENCHMARKS.md).")
+            f"data): a draft slower than target-only greedy is expected here, and a faster one says as little. It "
+            f"shows every stage working end to end, not what a draft is worth: on a GPU with enough data, {GPU_RESULT} "
+            f"(README.md, \"What it gets on a real model\"; docs/BENCHMARKS.md).")
