@@ -107,7 +107,7 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
         tables["stages"] = stages
         lines.append(total_line(stages))
     if reference:
-        backends = backends_table(summaries, reference)
+        backends = in_variant_order(backends_table(summaries, reference), order)
         tables["backends"] = backends.drop(columns="_differ")
         lines += backend_findings(backends)
     config_yaml = yaml.safe_dump(plain_config(config), sort_keys=False)
