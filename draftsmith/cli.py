@@ -61,6 +61,17 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_summary(args) -> int:
+    from draftsmith.report.summary import NoReportError, summary_lines
+
+    try:
+        print("\n".join(summary_lines(Path(args.results))))
+    except NoReportError as e:
+        print(f"draftsmith summary: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftsmith",
@@ -83,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a shard directory or a draft checkpoint")
     p.add_argument("path", help="a shard directory (with manifest.json) or a draft directory (config.json + model.safetensors)")
     p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("summary", help="print a finished run's verdict (from its report) and the next command to try "
+                       "on your own model and data")
+    p.add_argument("results", nargs="?", default="results", help="results directory (default: results)")
+    p.set_defaults(func=cmd_summary)
     return parser
 
 

@@ -48,5 +48,7 @@ rule report:
         config=canonical(config),
         # each rule's benchmark file, for the report's time per stage (written by the jobs of the inputs above)
         benchmarks=str(R / "benchmarks"),
+        # the variants in the config's order, the report's order (config above has its keys sorted)
+        variants=list(config["variants"]),
     script:
         "../scripts/report.py"

@@ -18,6 +18,7 @@ def main(smk):
         reference=smk.input.reference,
         out_csv=smk.output.curve,
         benchmarks=smk.params.benchmarks,
+        variant_order=smk.params.variants,
     )
 
 

@@ -150,3 +150,25 @@ def test_snakemake_commands_in_the_docs_mean_what_they_say(doc):
                            "before --configfile (it takes several values)")
         targets = [t for t in args.targets or [] if re.search(r"\.ya?ml$", t)]
         assert not targets, f"{doc.name}:{line}: `snakemake {rest}` reads the config files {targets} as outputs"
+
+
+FIRST_SCREEN = 40  # lines
+
+
+def test_the_first_screen_holds_what_it_is_the_real_model_result_and_the_two_commands():
+    """README's first 40 lines: what draftsmith is, the real-model result in numbers (the same ones the CPU demo's
+    report points to) and the two commands, each in a block the README test above classifies."""
+    from draftsmith.report.verdict import GPU_RESULT
+
+    text = README.read_text()
+    screen = "\n".join(text.splitlines()[:FIRST_SCREEN])
+    assert screen.startswith("# draftsmith\n\ndraftsmith trains an [EAGLE-3]")
+    assert "## What it gets on a real model" in screen
+    assert "**accepts 2.04 tokens per target forward and runs at 1.63x" in screen and "On one H100" in screen
+    assert "accepts 2.04 tokens per target forward and runs at 1.63× target-only greedy on one H100" in GPU_RESULT
+    commands = [shlex.join(argv) for line, _, cmds in bash_blocks(text) if line <= FIRST_SCREEN for argv in cmds]
+    assert commands == ["make demo", "make test"]
+    # the first screen's links to later sections land on headings
+    headings = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    for anchor in re.findall(r"\]\(#([\w-]+)\)", screen):
+        assert anchor in headings, anchor

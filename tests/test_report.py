@@ -244,12 +244,21 @@ def html_tables(path: Path) -> dict[str, pd.DataFrame]:
 # ----------------------------------------------------------------------------- tests
 
 
+# the inputs measure one batch size per variant: nothing to plot under load
+LEFT_OUT = {"speedup_by_batch_size": "one batch size measured per variant (1), so there is no curve to draw"}
+DRAWN = [name for name in FIGURES if name not in LEFT_OUT]
+
+
 def test_every_figure_is_a_png_embedded_in_html_and_linked_from_markdown(built):
     out, _, _ = built
     html = (out / "report.html").read_text()
     md = (out / "report.md").read_text()
-    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(f"{n}.png" for n in FIGURES)
-    for name in FIGURES:
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(f"{n}.png" for n in DRAWN)
+    for name, why in LEFT_OUT.items():  # no empty figure: a line saying why stands in its place
+        line = f"Figure left out ({FIGURES[name]}): {why}"
+        assert f"\n*{line}" in md and f"<p class='left-out' id='figure-{name}'>{line}" in html
+        assert f"{name}.png" not in md + html
+    for name in DRAWN:
         png = (out / "figures" / f"{name}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000, name
         assert f"src='data:image/png;base64,{base64.b64encode(png).decode()}'" in html, name
@@ -339,6 +348,34 @@ def test_learning_curve_table_and_csv_from_the_inputs(built):
         assert shown.loc[variant, "predicted acceptance length"] == fmt(row["predicted_acceptance_length"])
         assert shown.loc[variant, "val full acc per TTT step"] == fmt(accs)
         assert shown.loc[variant, "speedup"] == fmt(row["speedup"], 2)
+
+
+def test_variants_in_config_order_and_methods_from_the_summaries(inputs, tmp_path):
+    """Variants in the config's order, not alphabetical, in the title, the verdicts, their grounds and every table; a
+    method the benchmark adds (`hybrid` here, beside the others in a summary) appears in the tables and the verdict's
+    comparisons under its own name, with nothing in the report changed for it."""
+    root, paths = inputs
+    default = read_json(paths["summaries"][0])
+    default["methods"]["hybrid"] = {**default["methods"]["eagle3_draft"], "acceptance_length": 2.75}
+    write_json(tmp_path / "default" / "summary.json", default)
+    out = tmp_path / "out"
+    tables = build_report(**{**paths, "summaries": [tmp_path / "default" / "summary.json", paths["summaries"][1]]},
+                          config=workflow_config(root), out_html=out / "report.html", out_md=out / "report.md",
+                          figures_dir=out / "figures", variant_order=["wide", "default"])
+    for key in ("summary", "speed", "load", "training", "predicted"):
+        assert list(dict.fromkeys(tables[key]["variant"])) == ["wide", "default"], key
+    summary = tables["summary"]
+    assert list(summary[summary["variant"] == "default"]["method"]) == [
+        "target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"]
+    md = (out / "report.md").read_text()
+    assert md.startswith("# draftsmith report: EAGLE-3 draft wide, default\n")
+    verdicts = md.split("## Verdict\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [v.split("`")[1] for v in verdicts] == ["wide", "default"]
+    assert md.index("### `wide`: the grounds") < md.index("### `default`: the grounds")
+    grounds = md.split("### `default`: the grounds", 1)[1].split("\n## ", 1)[0]
+    untrained = fmt(default["methods"]["untrained_draft"]["acceptance_length"], 2)
+    assert f"{untrained} with untrained draft, 2.75 with hybrid." in grounds  # the acceptance line: every method
+    assert "2.75 with hybrid" in md.split("## What this means", 1)[1].split("\n## ", 1)[0]
 
 
 def test_findings_are_computed_from_the_benchmark(built):
@@ -486,7 +523,7 @@ def test_snakemake_rule_and_report(inputs, tmp_path):
     write_config(work, {key: config[key] for key in ("datasets", "variants", "extraction")})
     snakemake(work, "--allowed-rules", "report", "--", str(work / "results" / "report" / "report.html"))
     figures = work / "results" / "report" / "figures"
-    assert sorted(p.name for p in figures.glob("*.png")) == sorted(f"{n}.png" for n in FIGURES)
+    assert sorted(p.name for p in figures.glob("*.png")) == sorted(f"{n}.png" for n in DRAWN)
     shown = html_tables(work / "results" / "report" / "report.html")
     assert sorted(set(shown["table-summary"]["variant"])) == sorted(VARIANTS)
     assert sorted(shown["table-data"]["dataset"]) == DATASETS
@@ -495,7 +532,7 @@ def test_snakemake_rule_and_report(inputs, tmp_path):
     snakemake(work, "--allowed-rules", "report", "--report", str(work / "snakemake_report.html"), "--",
               str(work / "results" / "report" / "report.html"))
     text = (work / "snakemake_report.html").read_text()
-    for name in FIGURES:
+    for name in DRAWN:
         assert f"{name}.png" in text, name
     assert "Per-position acceptance." in text  # a caption rendered from docs/report_caption.rst
 

@@ -56,9 +56,10 @@ NOISY = {"target_greedy": method(1.0, 1.0, 1.0, spread=2.4),
 
 def test_apart_ranges_give_a_ranking_and_a_verdict_with_numbers(tmp_path):
     by_variant, methods = load(tmp_path, summary(CLEAR))
-    [(head, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
+    [(_, head, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
                                       DATA_SIZE)
-    assert head == "**`v`: use this draft: it speeds decoding up, more than prompt lookup does.**"
+    assert head == ("**`v`: use this draft: it speeds decoding up, more than prompt lookup does** (acceptance 2.10 "
+                    "tokens per target forward, 1.50× the speed of target-only greedy).")
     speed, ranking, accept, step = grounds
     assert "ran at 1.50× (runs 1.45–1.55×) the speed of target-only greedy (faster by 50%, the speedup ranges apart)" \
         in speed
@@ -76,9 +77,10 @@ def test_apart_ranges_give_a_ranking_and_a_verdict_with_numbers(tmp_path):
 def test_overlapping_ranges_say_too_noisy_and_print_no_ranking(tmp_path):
     by_variant, methods = load(tmp_path, summary(NOISY))
     verdict = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant), DATA_SIZE)
-    [(head, grounds)] = verdict
-    assert head == ("**`v`: undecided: the machine was too noisy to tell whether this draft is faster than "
-                    "target-only greedy.**")
+    [(variant, head, grounds)] = verdict
+    assert variant == "v"
+    assert head.startswith("**`v`: undecided: the machine was too noisy to tell whether this draft is faster than "
+                           "target-only greedy** (acceptance 1.34 tokens per target forward, 1.05× the speed")
     speed, ranking, *_, step = grounds
     assert "1.05× (runs 0.95–3.30×) the speed of target-only greedy (too noisy to tell: the speedup ranges overlap)" \
         in speed
@@ -89,6 +91,9 @@ def test_overlapping_ranges_say_too_noisy_and_print_no_ranking(tmp_path):
     assert step.startswith("Next step: re-run the benchmark on a quiet machine or with more runs (`benchmark.repeats`)")
     # k: positions 2 and 3 accept nothing; with c = 0.3 the cost model prefers one draft token
     assert "another k: `benchmark.num_speculative_tokens: 1` (per-position acceptance 0.338 / 0.000 / 0.000" in step
+    # and whether that k would beat target-only greedy: 1.05× measured at k = 3 times the model's gain 1.9 / 1.3
+    assert ("gives 1.46× the speed of k = 3, about 1.53× target-only greedy (1.05× measured at k = 3): faster than "
+            "target-only greedy)") in step
     for text in (render_markdown("t", verdict, [], {}, "figures", ""),
                  render_html("t", verdict, [], {}, tmp_path, "")):
         assert "Too noisy to rank" in text and not re.search(r"(draft|greedy|lookup) [\d.]+× \(runs [^)]*\) >", text)
@@ -97,19 +102,20 @@ def test_overlapping_ranges_say_too_noisy_and_print_no_ranking(tmp_path):
 def test_a_clear_slowdown_and_a_faster_prompt_lookup_are_said_plainly(tmp_path):
     slower = {**CLEAR, "eagle3_draft": method(0.85, 0.80, 0.91, acceptance=1.1, per_position=(0.1, 0.0, 0.0))}
     by_variant, methods = load(tmp_path, summary(slower))
-    [(head, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
+    [(_, head, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
                                       DATA_SIZE)
-    assert head == "**`v`: do not use this draft: it slows decoding down.**"
+    assert head.startswith("**`v`: do not use this draft: it slows decoding down** (acceptance 1.10 ")
     assert "(slower by 15%, the speedup ranges apart)" in grounds[0]
     assert "so the draft ran at 0.71× its speed (slower by 29%, the speedup ranges apart)" in grounds[0]
     lookup_wins = {**CLEAR, "eagle3_draft": method(1.1, 1.05, 1.12, acceptance=1.2, per_position=(0.2, 0.0, 0.0))}
     by_variant, methods = load(tmp_path, summary(lookup_wins))
-    [(head, _)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant), DATA_SIZE)
-    assert head == "**`v`: prompt lookup is the better choice: it is faster than this draft and needs no training.**"
+    [(_, head, _)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant), DATA_SIZE)
+    assert head.startswith("**`v`: prompt lookup is the better choice: it is faster than this draft and needs no "
+                           "training** (")
     # prompt lookup clearly faster, the draft within the noise of target-only greedy: still prompt lookup's
     lookup_wins["eagle3_draft"] = method(1.02, 0.95, 1.1, acceptance=1.2, per_position=(0.2, 0.0, 0.0))
     by_variant, methods = load(tmp_path, summary(lookup_wins))
-    [(head, _)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant), DATA_SIZE)
+    [(_, head, _)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant), DATA_SIZE)
     assert head.startswith("**`v`: prompt lookup is the better choice")
 
 
@@ -122,10 +128,10 @@ def test_a_single_timed_run_is_read_as_unconfirmed(tmp_path):
             del entry[key]
     by_variant, methods = load(tmp_path, summary(vllm, backend="vllm"))
     assert methods["speedup_low"].isna().all() and (methods["repeats"] == 1).all()
-    [(head, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
+    [(_, head, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
                                       DATA_SIZE)
     assert head == ("**`v`: use this draft, unconfirmed: one timed run per method, so the machine's noise was not "
-                    "measured.**")
+                    "measured** (acceptance 1.80 tokens per target forward, 1.40× the speed of target-only greedy).")
     assert "faster by 40% in a single timed run; the spread was not measured" in grounds[0]
     assert grounds[1] == ("Speed order of `v` by a single timed run per method (vllm backend; unconfirmed: the spread "
                           "was not measured): trained EAGLE-3 draft 1.40× > target-only greedy 1.00×.")
@@ -140,7 +146,7 @@ def test_validation_predicts_the_chain_acceptance_beside_the_measured_one(tmp_pa
     predicted = predicted_table(training, methods, by_variant)
     assert predicted.loc[0, "predicted tokens per drafted round"] == pytest.approx(2.792)
     assert predicted.loc[0, "tokens per drafted round (benchmark)"] == pytest.approx(1.338)
-    [(_, grounds)] = verdict_lines(by_variant, methods, predicted, DATA_SIZE)
+    [(_, _, grounds)] = verdict_lines(by_variant, methods, predicted, DATA_SIZE)
     line = next(g for g in grounds if g.startswith("Validation predicted"))
     assert line.startswith("Validation predicted 2.79 tokens per drafted round (1 + the validation full accuracies "
                            "0.776 / 0.577 / 0.439); the benchmark measured 1.34 (per-position acceptance "
@@ -151,6 +157,32 @@ def test_best_k_from_per_position_acceptance():
     assert best_k([0.338, 0.0, 0.0], 3, 0.3) == (1, pytest.approx(1.338 / 1.3 / (1.338 / 1.9)))
     assert best_k([0.8, 0.7, 0.6], 3, 0.05)[0] == 3
     assert best_k([0.5, 0.05, 0.01], 3, None) == (1, None)  # without c: positions accepted in < 10% of drafts go
+
+
+def test_a_shorter_k_says_whether_it_would_beat_greedy(tmp_path):
+    """The CPU demo's case: the cost model favours k = 1, but the draft, 0.62× greedy at k = 3, stays slower at k = 1."""
+    slow = {**CLEAR, "eagle3_draft": method(0.62, 0.6, 0.64, acceptance=1.05, per_position=(0.2, 0.05, 0.01),
+                                            cost_ratio=0.3)}
+    by_variant, methods = load(tmp_path, summary(slow))
+    [(_, _, grounds)] = verdict_lines(by_variant, methods, predicted_table(pd.DataFrame(), methods, by_variant),
+                                      DATA_SIZE)
+    gain = (1.2 / 1.3) / (1.26 / 1.9)  # the cost model (1 + p1 + ... + pj) / (1 + j c) of k = 1 over k = 3
+    assert (f"gives {gain:.2f}× the speed of k = 3, about {0.62 * gain:.2f}× target-only greedy (0.62× measured at "
+            "k = 3): still slower than target-only greedy: a shorter chain alone does not make this draft pay)") \
+        in grounds[-1]
+
+
+def test_the_cpu_demo_caveat_only_for_the_workflows_own_target_on_a_cpu():
+    from draftsmith.report.verdict import GPU_RESULT, cpu_demo_note
+
+    cpu, gpu = {"device": "cpu: x86_64 (2 cores)"}, {"device": "cuda: NVIDIA H100 80GB HBM3"}
+    note = cpu_demo_note({"default": cpu, "data_50": cpu}, {"target": {"model": "smollm2-135m-instruct"}})
+    assert note.startswith("This is a CPU demo run (target `smollm2-135m-instruct`, built by the workflow")
+    assert "a draft slower than target-only greedy is expected here" in note and GPU_RESULT in note
+    assert cpu_demo_note({"default": cpu}, {"target": {"model": "embedded"}}) is not None
+    assert cpu_demo_note({"default": gpu}, {"target": {"model": "smollm2-135m-instruct"}}) is None  # a GPU run
+    assert cpu_demo_note({"default": cpu, "x": gpu}, {"target": {"model": "embedded"}}) is None
+    assert cpu_demo_note({"default": cpu}, {"target": {"model": "meta-llama/Llama-3.1-8B-Instruct"}}) is None
 
 
 def test_categories_with_fewer_than_three_prompts_are_marked_and_not_compared():
@@ -192,12 +224,18 @@ def test_the_pipeline_report_opens_with_a_verdict_against_greedy_and_prompt_look
              "prompt lookup is the better choice: it is faster than this draft and needs no training",
              "this draft speeds decoding up; whether more than prompt lookup, the runs were too noisy to tell",
              "undecided: the machine was too noisy to tell whether this draft is faster than target-only greedy"]
-    assert lines[0] in [f"- **`default`: {h}.**" for h in heads], lines[0]
     methods = read_json(r / "benchmark" / "default" / "summary.json")["methods"]
     draft, lookup = methods["eagle3_draft"], methods["prompt_lookup"]
+    numbers = (f" (acceptance {draft['acceptance_length']:.2f} tokens per target forward, {draft['speedup']:.2f}× the "
+               f"speed of target-only greedy).")
+    assert lines[0] in [f"- **`default`: {h}**{numbers}" for h in heads], lines[0]  # the one-line verdict first
+    assert lines[2].startswith("This is a CPU demo run (target `embedded`, built by the workflow, benchmarked on a CPU")
+    assert "a draft slower than target-only greedy is expected here" in lines[2] and "README.md" in lines[2]
+    assert lines[3:6] == ["", "### `default`: the grounds", ""]  # the detail below it
+    lines = [""] + lines[6:]
     low, high = draft["speedup_range"]
     speed = lines[1]
-    assert speed.startswith(f"  - Speed: the trained draft ran at {draft['speedup']:.2f}× (runs {low:.2f}–{high:.2f}×) "
+    assert speed.startswith(f"- Speed: the trained draft ran at {draft['speedup']:.2f}× (runs {low:.2f}–{high:.2f}×) "
                             f"the speed of target-only greedy (")
     assert (f"prompt lookup ran at {lookup['speedup']:.2f}× (runs {lookup['speedup_range'][0]:.2f}–"
             f"{lookup['speedup_range'][1]:.2f}×), so the draft ran at {draft['speedup'] / lookup['speedup']:.2f}× its "
@@ -205,14 +243,30 @@ def test_the_pipeline_report_opens_with_a_verdict_against_greedy_and_prompt_look
     assert re.search(r"(faster|slower) by \d+%, the speedup ranges apart|too noisy to tell", speed)
     assert "3 prompts, 2 timed runs each (median), the methods interleaved" in speed
     ranking = lines[2]
-    if ranking.startswith("  - **Too noisy to rank**"):
+    if ranking.startswith("- **Too noisy to rank**"):
         assert " > " not in ranking
     else:
-        assert ranking.startswith("  - Speed ranking of `default`") and ranking.count(" > ") == 3
-    assert any(x.startswith("  - Validation predicted ") and "tokens per drafted round" in x for x in lines)
-    assert lines[-1].startswith("  - Next step: ")
+        assert ranking.startswith("- Speed ranking of `default`") and ranking.count(" > ") == 3
+    assert any(x.startswith("- Validation predicted ") and "tokens per drafted round" in x for x in lines)
+    assert lines[-1].startswith("- Next step: ")
     html = (r / "report" / "report.html").read_text()
     assert "<h2 id='verdict'>Verdict</h2>" in html and html.index("id='verdict'") < html.index("id='what-this-means'")
+
+
+def test_the_pipeline_report_leaves_out_figures_with_nothing_to_show(pipeline_run):
+    """The tiny run measures one batch size and trains one variant: no empty "Throughput under load" or learning-curve
+    axes, a line saying why in their place; every other figure is drawn."""
+    from draftsmith.report.figures import FIGURES
+
+    report = pipeline_run / "results" / "report"
+    md, html = (report / "report.md").read_text(), (report / "report.html").read_text()
+    left_out = {"speedup_by_batch_size": "one batch size measured per variant (1), so there is no curve to draw: set "
+                                         "`benchmark.batch_sizes` (e.g. [1, 4, 16, 64])",
+                "data_size": "every benchmarked draft trained on the same amount of data, so there is no curve to draw"}
+    for name, why in left_out.items():
+        assert f"\n*Figure left out ({FIGURES[name]}): {why}" in md
+        assert f"<p class='left-out' id='figure-{name}'>Figure left out ({FIGURES[name]}): " in html
+    assert sorted(p.stem for p in (report / "figures").glob("*.png")) == sorted(set(FIGURES) - set(left_out))
 
 
 def test_the_pipeline_report_marks_categories_with_fewer_than_three_prompts(pipeline_run):

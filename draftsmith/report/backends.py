@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftsmith.benchmark.results import BASELINE, METHODS, first_size_rows
+from draftsmith.benchmark.results import BASELINE, first_size_rows
 from draftsmith.io import read_json
 from draftsmith.report.load import ReportInputError
+from draftsmith.report.methods import method_order
 from draftsmith.report.tables import fmt
 
 COUNTERS = ["prompt_tokens", "new_tokens", "target_forwards", "drafts", "draft_tokens", "accepted_tokens"]
@@ -58,7 +59,7 @@ def backends_table(vllm_summaries, reference_summaries) -> pd.DataFrame:
         if variant not in vllm:
             raise ReportInputError(f"offline reference for variant {variant!r} has no vllm benchmark beside it")
         summary, df = vllm[variant]
-        for method in [m for m in METHODS if m != BASELINE and m in summary["methods"] and m in ref_summary["methods"]]:
+        for method in [m for m in method_order(summary["methods"]) if m != BASELINE and m in ref_summary["methods"]]:
             on, off = summary["methods"][method], ref_summary["methods"][method]
             equal, differ = equal_counter_prompts(df, ref_df, method)
             total = lambda d, col: float(d.loc[d["method"] == method, col].sum())  # noqa: E731

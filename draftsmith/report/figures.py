@@ -16,7 +16,8 @@ import seaborn as sns  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from draftsmith.benchmark.results import BASELINE  # noqa: E402
-from draftsmith.report.tables import method_label, method_order, ttt_steps  # noqa: E402
+from draftsmith.report.methods import method_label, method_order  # noqa: E402
+from draftsmith.report.tables import ttt_steps, variants_in_order  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ FIGURES = {
     "data_size": "Learning curve: trained-draft acceptance against the amount of training data, measured and as validation predicted",
     "data_stats": "Dataset records and tokens",
 }
+# Each plot_* function draws its figure, or draws nothing and returns why (a figure with nothing to show is left out of
+# the report, a line saying why in its place).
 
 def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
@@ -39,7 +42,7 @@ def _save(fig, path: Path) -> None:
 
 def plot_acceptance_length(methods: pd.DataFrame, per_prompt: pd.DataFrame, path: Path) -> None:
     order = method_order(methods["method"])
-    variants = sorted(methods["variant"].unique())
+    variants = variants_in_order(methods)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     sns.barplot(methods, x="method", y="acceptance_length", hue="variant", order=order, hue_order=variants,
                 errorbar=None, alpha=0.85, ax=ax)
@@ -61,15 +64,14 @@ def per_position_frame(methods: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["variant", "method", "position", "rate"])
 
 
-def plot_per_position(methods: pd.DataFrame, path: Path) -> None:
+def plot_per_position(methods: pd.DataFrame, path: Path) -> str | None:
     df = per_position_frame(methods)
+    if df.empty:
+        return "the benchmark has no drafting method, so no draft position to show"
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    if len(df):
-        sns.lineplot(df, x="position", y="rate", hue="method", style="variant", markers=True, errorbar=None, ax=ax)
-        ax.set_xticks(sorted(df["position"].unique()))
-        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
-    else:
-        ax.text(0.5, 0.5, "no drafting method in the benchmark", ha="center", transform=ax.transAxes)
+    sns.lineplot(df, x="position", y="rate", hue="method", style="variant", markers=True, errorbar=None, ax=ax)
+    ax.set_xticks(sorted(df["position"].unique()))
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
     ax.set(ylim=(0, 1.02), xlabel="draft position", ylabel="fraction of drafts accepted up to here",
            title="Per-position acceptance")
     _save(fig, path)
@@ -77,7 +79,7 @@ def plot_per_position(methods: pd.DataFrame, path: Path) -> None:
 
 def plot_throughput(methods: pd.DataFrame, path: Path) -> None:
     order = method_order(methods["method"])
-    variants = sorted(methods["variant"].unique())
+    variants = variants_in_order(methods)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     sns.barplot(methods, x="method", y="tokens_per_s", hue="variant", order=order, hue_order=variants,
                 errorbar=None, ax=ax)
@@ -101,31 +103,35 @@ def plot_throughput(methods: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_speedup_by_batch_size(batch: pd.DataFrame, path: Path) -> None:
-    _save(speedup_by_batch_size_figure(batch), path)
+def plot_speedup_by_batch_size(batch: pd.DataFrame, path: Path) -> str | None:
+    fig = speedup_by_batch_size_figure(batch)
+    if fig is None:
+        sizes = ", ".join(str(int(s)) for s in sorted(batch["batch_size"].unique())) or "none"
+        return (f"one batch size measured per variant ({sizes}), so there is no curve to draw: set "
+                f"`benchmark.batch_sizes` (e.g. [1, 4, 16, 64]) to measure the speedup under load")
+    _save(fig, path)
+    return None
 
 
 def speedup_by_batch_size_figure(batch: pd.DataFrame):
-    """Speedup over target-only greedy at each batch size, one line per method (and variant); a note where no variant
+    """Speedup over target-only greedy at each batch size, one line per method (and variant); None where no variant
     was measured at two or more sizes."""
     drafting = batch[batch["method"] != BASELINE].dropna(subset=["speedup"])
     swept = drafting.groupby("variant")["batch_size"].nunique()
     drafting = drafting[drafting["variant"].isin(swept[swept >= 2].index)]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if drafting.empty:
-        ax.text(0.5, 0.5, "one batch size measured: set benchmark.batch_sizes for a sweep",
-                ha="center", transform=ax.transAxes)
-    else:
-        df = drafting.assign(method=drafting["method"].map(method_label))
-        order = [method_label(m) for m in method_order(drafting["method"])]
-        sns.lineplot(df, x="batch_size", y="speedup", hue="method", hue_order=order,
-                     style="variant" if df["variant"].nunique() > 1 else None, markers=True, errorbar=None, ax=ax)
-        ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="target-only greedy")
-        ax.set_xscale("log", base=2)
-        ticks = sorted(df["batch_size"].unique())
-        ax.minorticks_off()
-        ax.set_xticks(ticks, [str(int(t)) for t in ticks])
-        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    df = drafting.assign(method=drafting["method"].map(method_label))
+    order = [method_label(m) for m in method_order(drafting["method"])]
+    sns.lineplot(df, x="batch_size", y="speedup", hue="method", hue_order=order,
+                 style="variant" if df["variant"].nunique() > 1 else None, markers=True, errorbar=None, ax=ax)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="target-only greedy")
+    ax.set_xscale("log", base=2)
+    ticks = sorted(df["batch_size"].unique())
+    ax.minorticks_off()
+    ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
     ax.set(xlabel="batch size (requests in flight; log scale)", ylabel="speedup over target-only greedy",
            title="Throughput under load: where the draft stops paying (below the dashed line)")
     return fig
@@ -143,15 +149,11 @@ def training_long(metrics: pd.DataFrame, prefixes: dict[str, str]) -> pd.DataFra
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def plot_training(metrics: pd.DataFrame, prefixes: dict[str, str], ylabel: str, path: Path) -> None:
+def plot_training(metrics: pd.DataFrame, prefixes: dict[str, str], ylabel: str, path: Path) -> str | None:
     df = training_long(metrics, prefixes)
     if df.empty:
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.text(0.5, 0.5, f"no {'/'.join(prefixes)}* columns in metrics.csv", ha="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        _save(fig, path)
-        return
-    variants = sorted(df["variant"].unique())
+        return f"metrics.csv has no {'/'.join(prefixes)}* columns"
+    variants = variants_in_order(df)
     names = list(dict.fromkeys(df["metric"]))
     fig, axes = plt.subplots(len(names), len(variants), figsize=(4.5 * len(variants), 3.4 * len(names)),
                              squeeze=False, sharey="row", layout="constrained")
@@ -169,8 +171,10 @@ def plot_training(metrics: pd.DataFrame, prefixes: dict[str, str], ylabel: str, 
     _save(fig, path)
 
 
-def plot_acceptance_by_category(by_category: pd.DataFrame, path: Path) -> None:
+def plot_acceptance_by_category(by_category: pd.DataFrame, path: Path) -> str | None:
     long = by_category.drop(columns="prompts").melt(id_vars="category", var_name="method", value_name="acceptance")
+    if long.dropna().empty:
+        return "the benchmark has no drafting method, so no acceptance per category"
     fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(by_category)), 4.5))
     sns.barplot(long.dropna(), x="category", y="acceptance", hue="method", errorbar=None, ax=ax)
     ax.set(xlabel="", ylabel="tokens per target forward", title="Acceptance length per prompt category")
@@ -196,28 +200,27 @@ def learning_curve_long(data_size: pd.DataFrame) -> pd.DataFrame:
     return long
 
 
-def plot_data_size(data_size: pd.DataFrame, path: Path) -> None:
+def plot_data_size(data_size: pd.DataFrame, path: Path) -> str | None:
     """The learning curve: measured acceptance against the training tokens, with validation's prediction beside it."""
     df = data_size.dropna(subset=["acceptance length"])
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if df["train tokens"].nunique() < 2:
-        ax.text(0.5, 0.5, "one training-set size only: add a variant with another data_fraction",
-                ha="center", transform=ax.transAxes)
-    else:
-        long = learning_curve_long(df)
-        # one line per curve and set of datasets: a variant on other datasets is another kind of data, not another amount
-        style = "datasets" if long["datasets"].nunique() > 1 else "curve"
-        sns.lineplot(long, x="train tokens", y="tokens", hue="curve", hue_order=[c for c in CURVES.values()
-                                                                                 if c in set(long["curve"])],
-                     style=style, markers=True, errorbar=None, ax=ax)
-        for r in df.to_dict("records"):
-            ax.annotate(f"{r['variant']} ({r['acceptance length']:.2f})", (r["train tokens"], r["acceptance length"]),
-                        textcoords="offset points", xytext=(4, 6), fontsize=8)
-        ax.set_xscale("log")
-        ticks = sorted(df["train tokens"].unique())  # the variants' sizes, not log-scale minor ticks over each other
-        ax.minorticks_off()
-        ax.set_xticks(ticks, [f"{int(t):,}" for t in ticks])
-        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
+        return ("every benchmarked draft trained on the same amount of data, so there is no curve to draw: add a "
+                "variant with another `data_fraction` (e.g. 0.5)")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    long = learning_curve_long(df)
+    # one line per curve and set of datasets: a variant on other datasets is another kind of data, not another amount
+    style = "datasets" if long["datasets"].nunique() > 1 else "curve"
+    sns.lineplot(long, x="train tokens", y="tokens", hue="curve", hue_order=[c for c in CURVES.values()
+                                                                             if c in set(long["curve"])],
+                 style=style, markers=True, errorbar=None, ax=ax)
+    for r in df.to_dict("records"):
+        ax.annotate(f"{r['variant']} ({r['acceptance length']:.2f})", (r["train tokens"], r["acceptance length"]),
+                    textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xscale("log")
+    ticks = sorted(df["train tokens"].unique())  # the variants' sizes, not log-scale minor ticks over each other
+    ax.minorticks_off()
+    ax.set_xticks(ticks, [f"{int(t):,}" for t in ticks])
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), title=None)
     ax.set(xlabel="training tokens (log scale)", ylabel="tokens",
            title="What the amount of training data buys: measured and predicted acceptance")
     _save(fig, path)
@@ -248,7 +251,10 @@ def plot_data_stats(stats: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def draw_figures(methods, per_prompt, metrics, stats, by_category, data_size, figures_dir: Path, batch=None) -> None:
+def draw_figures(methods, per_prompt, metrics, stats, by_category, data_size, figures_dir: Path,
+                 batch=None) -> dict[str, str]:
+    """Every figure with something to show as figures_dir/<name>.png; returns the others' names with why each was
+    left out."""
     sns.set_theme(style="whitegrid", context="notebook")
     batch = batch if batch is not None else pd.DataFrame(columns=["variant", "method", "batch_size", "speedup"])
     jobs = {
@@ -263,6 +269,12 @@ def draw_figures(methods, per_prompt, metrics, stats, by_category, data_size, fi
         "data_size": lambda p: plot_data_size(data_size, p),
         "data_stats": lambda p: plot_data_stats(stats, p),
     }
+    left_out = {}
     for name in tqdm(FIGURES, desc="report figures", unit="fig"):
-        jobs[name](figures_dir / f"{name}.png")
-        log.info("figure %s.png written", name)
+        why = jobs[name](figures_dir / f"{name}.png")
+        if why:
+            left_out[name] = why
+            log.info("figure %s left out: %s", name, why)
+        else:
+            log.info("figure %s.png written", name)
+    return left_out

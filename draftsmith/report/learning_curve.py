@@ -19,10 +19,10 @@ import pandas as pd
 
 from draftsmith.io import atomic_path
 from draftsmith.report.load import ReportInputError, load_metrics, load_summaries, load_training_data
+from draftsmith.report.methods import TRAINED_DRAFT as DRAFT
 from draftsmith.report.tables import training_table
 from draftsmith.training.acceptance import PREDICTED, predicted_acceptance_length
 
-DRAFT = "eagle3_draft"
 ACC = "val full acc "  # draftsmith.report.tables.training_table's columns of the last validation row
 HEAD = ["variant", "datasets", "data_fraction", "train_samples", "train_tokens"]
 TAIL = [PREDICTED, "acceptance_length", "tokens_per_drafted_round", "speedup", "speedup_low", "speedup_high",

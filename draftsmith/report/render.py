@@ -22,7 +22,8 @@ th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right;vertical-align:to
 th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
 td.long{overflow-wrap:anywhere;text-align:left;font-size:.92em}
 .findings{background:#f6f8fa;border-left:4px solid #4c72b0;padding:.5em 1em}
-.verdict{background:#fff8e6;border-left:4px solid #dd8452;padding:.5em 1em}
+.verdict{background:#fff8e6;border-left:4px solid #dd8452;padding:.5em 1em}.verdict h3{font-size:1em}
+.left-out{font-style:italic;color:#555}
 details{margin:0 0 1.5em}details pre{white-space:pre-wrap;overflow-wrap:anywhere}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}
 figcaption{font-size:.9em;color:#555}
@@ -141,15 +142,28 @@ def html_table(df: pd.DataFrame, table_id: str) -> str:
             + "\n</tbody>\n</table>")
 
 
-def render_html(title: str, verdict: list[tuple[str, list[str]]], lines: list[str], tables: dict[str, pd.DataFrame], figures_dir: Path,
-                config_yaml: str, checksums: str = "") -> str:
+Verdict = list[tuple[str, str, list[str]]]  # per variant: (variant, its one-line verdict, the grounds)
+
+
+def left_out_line(name: str, why: str) -> str:
+    """What stands where a figure with nothing to show would be (draftsmith.report.figures.draw_figures)."""
+    return f"Figure left out ({FIGURES[name]}): {why}."
+
+
+def render_html(title: str, verdict: Verdict, lines: list[str], tables: dict[str, pd.DataFrame], figures_dir: Path,
+                config_yaml: str, checksums: str = "", notes: list[str] = (),
+                left_out: dict[str, str] | None = None) -> str:
+    """`notes`: lines shown under the verdicts (the CPU-demo caveat); `left_out`: figures not drawn, with why."""
+    left_out = left_out or {}
     parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
              "<h2 id='verdict'>Verdict</h2><div class='verdict'><ul>"]
-    for head, grounds in verdict:
-        parts.append(f"<li>{_md_inline(head)}<ul>" + "".join(f"<li>{_md_inline(g)}</li>" for g in grounds)
-                     + "</ul></li>")
-    parts.append("</ul></div>")
+    parts += [f"<li>{_md_inline(head)}</li>" for _, head, _ in verdict]
+    parts.append("</ul>" + "".join(f"<p>{_md_inline(n)}</p>" for n in notes))
+    for variant, _, grounds in verdict:
+        parts.append(f"<h3>{_md_inline(f'`{variant}`: the grounds')}</h3><ul>"
+                     + "".join(f"<li>{_md_inline(g)}</li>" for g in grounds) + "</ul>")
+    parts.append("</div>")
     parts.append("<h2 id='what-this-means'>What this means</h2><div class='findings'><ul>")
     parts += [f"<li>{_md_inline(line)}</li>" for line in lines]
     parts.append("</ul></div>")
@@ -162,6 +176,10 @@ def render_html(title: str, verdict: list[tuple[str, list[str]]], lines: list[st
             parts.append(f"<details id='checksums'><summary>Full sha256 of every input</summary>"
                          f"<pre>{html.escape(checksums)}</pre></details>")
         for name in FIGURE_SECTIONS.get(key, []):
+            if name in left_out:
+                why = html.escape(left_out_line(name, left_out[name]))
+                parts.append(f"<p class='left-out' id='figure-{name}'>{why}</p>")
+                continue
             data = base64.b64encode((figures_dir / f"{name}.png").read_bytes()).decode("ascii")
             parts.append(f"<figure id='figure-{name}'><img alt='{html.escape(FIGURES[name])}' "
                          f"src='data:image/png;base64,{data}'><figcaption>{html.escape(FIGURES[name])}"
@@ -175,11 +193,16 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(title: str, verdict: list[tuple[str, list[str]]], lines: list[str], tables: dict[str, pd.DataFrame],
-                    figures_rel: str, config_yaml: str, checksums: str = "") -> str:
-    parts = [f"# {title}", "", "## Verdict", ""]
-    for head, grounds in verdict:
-        parts += [f"- {head}"] + [f"  - {g}" for g in grounds]
+def render_markdown(title: str, verdict: Verdict, lines: list[str], tables: dict[str, pd.DataFrame], figures_rel: str,
+                    config_yaml: str, checksums: str = "", notes: list[str] = (),
+                    left_out: dict[str, str] | None = None) -> str:
+    """The same as render_html, figures linked from `figures_rel`."""
+    left_out = left_out or {}
+    parts = [f"# {title}", "", "## Verdict", ""] + [f"- {head}" for _, head, _ in verdict]
+    for note in notes:
+        parts += ["", note]
+    for variant, _, grounds in verdict:
+        parts += ["", f"### `{variant}`: the grounds", ""] + [f"- {g}" for g in grounds]
     parts += ["", "## What this means", ""] + [f"- {line}" for line in lines]
     for key, heading, note in sections(tables):
         parts += ["", f"## {heading}", ""]
@@ -189,7 +212,8 @@ def render_markdown(title: str, verdict: list[tuple[str, list[str]]], lines: lis
         if key == "inputs" and checksums:
             parts += ["", "Full sha256 of every input:", "", "```", checksums.rstrip(), "```"]
         for name in FIGURE_SECTIONS.get(key, []):
-            parts += ["", f"![{FIGURES[name]}]({figures_rel}/{name}.png)"]
+            parts += ["", f"*{left_out_line(name, left_out[name])}*" if name in left_out
+                      else f"![{FIGURES[name]}]({figures_rel}/{name}.png)"]
     parts += ["", "## Workflow configuration", "", "```yaml", config_yaml.rstrip(), "```", ""]
     return "\n".join(parts)
 

@@ -8,95 +8,85 @@ import re
 import numpy as np
 import pandas as pd
 
-from draftsmith.benchmark.results import BASELINE, METHODS
+from draftsmith.benchmark.results import BASELINE
 from draftsmith.io import sha256_file
 from draftsmith.provenance import package_versions
-
-METHOD_LABELS = {
-    "target_greedy": "target-only greedy",
-    "prompt_lookup": "prompt lookup",
-    "untrained_draft": "untrained draft",
-    "eagle3_draft": "trained EAGLE-3 draft",
-}
+from draftsmith.report.methods import TRAINED_DRAFT, method_label, method_order, other_drafting
 
 # a category with fewer prompts is marked in the categories table and left out when categories are compared
 MIN_CATEGORY_PROMPTS = 3
 FEW_MARK = "†"
 
 
-def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
+def variants_in_order(df: pd.DataFrame) -> list[str]:
+    """The variants in the order they first appear: build_report puts every frame's rows in the config's order."""
+    return list(dict.fromkeys(df["variant"]))
 
 
-def method_order(methods) -> list[str]:
-    present = list(dict.fromkeys(methods))
-    return [m for m in METHODS if m in present] + [m for m in present if m not in METHODS]
+def in_variant_order(df: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """df's rows with the variants in `order` (any other variant after them), each variant's rows as they were."""
+    rank = {v: i for i, v in enumerate(order)}
+    ranks = df["variant"].map(lambda v: rank.get(v, len(rank))).to_numpy()
+    return df.iloc[np.argsort(ranks, kind="stable")].reset_index(drop=True)
 
 
-def by_variant_and_method(methods: pd.DataFrame) -> pd.DataFrame:
-    """Rows sorted by variant, then method in the report's order."""
-    order = {m: i for i, m in enumerate(method_order(methods["method"]))}
-    return methods.assign(_o=methods["method"].map(order)).sort_values(["variant", "_o"]).drop(columns="_o")
+def by_variant_and_method(df: pd.DataFrame, *more: str) -> pd.DataFrame:
+    """Rows in variant order, then method in the report's order, then the columns `more`."""
+    variant = {v: i for i, v in enumerate(variants_in_order(df))}
+    method = {m: i for i, m in enumerate(method_order(df["method"]))}
+    ranked = df.assign(_v=df["variant"].map(variant), _o=df["method"].map(method))
+    return ranked.sort_values(["_v", "_o", *more], kind="stable").drop(columns=["_v", "_o"])
+
+
+def _columns(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """A table of df's columns (values) under the report's names (keys)."""
+    return pd.DataFrame({name: df[column] for name, column in columns.items()}).reset_index(drop=True)
+
+
+SUMMARY_COLUMNS = {
+    "variant": "variant", "backend": "backend", "method": "method", "prompts": "prompts",
+    "acceptance length": "acceptance_length", "per-position acceptance": "per_position_acceptance",
+    "tokens per drafted round": "tokens_per_drafted_round", "tokens/s": "tokens_per_s", "speedup": "speedup",
+    "lossless": "lossless",
+}
+SPEED_COLUMNS = {
+    "variant": "variant", "method": "method", "timed runs per prompt": "repeats", "speedup": "speedup",
+    "speedup range over the runs": "speedup_range", "timing spread (median)": "time_spread",
+    "speedup after the first token": "decode_speedup", "c = draft step / target step": "cost_ratio",
+    "ideal speedup τ/(1+k·c)": "ideal_speedup", "v = verification / target step": "verify_ratio",
+    "round model τ/(v+k·c)": "round_model_speedup",
+}
+LOAD_COLUMNS = {
+    "variant": "variant", "backend": "backend", "method": "method", "batch size": "batch_size",
+    "tokens/s": "tokens_per_s", "speedup": "speedup", "acceptance length": "acceptance_length",
+}
 
 
 def summary_table(methods: pd.DataFrame) -> pd.DataFrame:
-    df = by_variant_and_method(methods)
-    return pd.DataFrame({
-        "variant": df["variant"],
-        "backend": df["backend"],
-        "method": df["method"],
-        "prompts": df["prompts"],
-        "acceptance length": df["acceptance_length"],
-        "per-position acceptance": df["per_position_acceptance"],
-        "tokens per drafted round": df["tokens_per_drafted_round"],
-        "tokens/s": df["tokens_per_s"],
-        "speedup": df["speedup"],
-        "lossless": df["lossless"],
-    }).reset_index(drop=True)
+    return _columns(by_variant_and_method(methods), SUMMARY_COLUMNS)
 
 
 def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
     """Per (variant, method): how the speed was measured and how much to trust it (runs per prompt, the speedup's
     range over the runs, the spread of a prompt's run times), with the first-token-free speedup and the cost model."""
     df = by_variant_and_method(methods)
-    return pd.DataFrame({
-        "variant": df["variant"],
-        "method": df["method"],
-        "timed runs per prompt": df["repeats"],
-        "speedup": df["speedup"],
-        "speedup range over the runs": [None if pd.isna(lo) or pd.isna(hi) else (lo, hi)
-                                        for lo, hi in zip(df["speedup_low"], df["speedup_high"])],
-        "timing spread (median)": df["time_spread"],
-        "speedup after the first token": df["decode_speedup"],
-        "c = draft step / target step": df["cost_ratio"],
-        "ideal speedup τ/(1+k·c)": df["ideal_speedup"],
-        "v = verification / target step": df["verify_ratio"],
-        "round model τ/(v+k·c)": df["round_model_speedup"],
-    }).reset_index(drop=True)
+    ranges = [None if pd.isna(lo) or pd.isna(hi) else (lo, hi) for lo, hi in zip(df["speedup_low"], df["speedup_high"])]
+    return _columns(df.assign(speedup_range=ranges), SPEED_COLUMNS)
 
 
 def load_table(batch: pd.DataFrame) -> pd.DataFrame:
     """Per (variant, method, batch size): total tokens/s, the speedup over target-only greedy at the same size, and
     acceptance length (draftsmith.report.load.load_batch_sizes)."""
-    order = {m: i for i, m in enumerate(method_order(batch["method"]))}
-    df = batch.assign(_o=batch["method"].map(order)).sort_values(["variant", "_o", "batch_size"])
-    return pd.DataFrame({
-        "variant": df["variant"],
-        "backend": df["backend"],
-        "method": df["method"],
-        "batch size": df["batch_size"].astype(int),
-        "tokens/s": df["tokens_per_s"],
-        "speedup": df["speedup"],
-        "acceptance length": df["acceptance_length"],
-    }).reset_index(drop=True)
+    df = by_variant_and_method(batch, "batch_size")
+    return _columns(df.assign(batch_size=df["batch_size"].astype(int)), LOAD_COLUMNS)
 
 
 def load_findings(batch: pd.DataFrame) -> list[str]:
     """Per variant measured at two or more batch sizes, one sentence on where the trained draft stops paying: the largest
     size up to which it beats target-only greedy (pays_up_to), and its speedup at the next size."""
     lines = []
-    draft = batch[batch["method"] == "eagle3_draft"]
-    for variant, g in draft.groupby("variant", sort=True):
+    draft = batch[batch["method"] == TRAINED_DRAFT]
+    for variant, g in draft.groupby("variant", sort=False):
         g = g.sort_values("batch_size")
         if len(g) < 2:
             continue
@@ -130,7 +120,7 @@ def acceptance_by_category(per_prompt: pd.DataFrame) -> pd.DataFrame:
     drafting = per_prompt[per_prompt["method"] != BASELINE]
     columns = {}
     for method in method_order(drafting["method"]):
-        for variant in sorted(drafting["variant"].unique()):
+        for variant in variants_in_order(drafting):
             g = drafting[(drafting["method"] == method) & (drafting["variant"] == variant)]
             if len(g):
                 sums = g.groupby("category")[["new_tokens", "target_forwards"]].sum()
@@ -156,7 +146,7 @@ def training_table(metrics: pd.DataFrame) -> pd.DataFrame:
     """Final values per variant: last train row, last validation row (when there is one)."""
     rows = []
     acc_steps = ttt_steps(metrics, "full_acc_")
-    for variant, g in metrics.groupby("variant", sort=True):
+    for variant, g in metrics.groupby("variant", sort=False):
         train, val = g[g["split"] == "train"], g[g["split"] == "val"]
         last_train = train.sort_values("step").iloc[-1] if len(train) else None
         last_val = val.sort_values("step").iloc[-1] if len(val) else None
@@ -273,7 +263,7 @@ def category_findings(by_category: pd.DataFrame) -> list[str]:
         return lines
     enough = by_category[by_category["prompts"] >= MIN_CATEGORY_PROMPTS]
     few = len(by_category) - len(enough)
-    for col in (c for c in by_category.columns if c.startswith(method_label("eagle3_draft"))):
+    for col in (c for c in by_category.columns if c.startswith(method_label(TRAINED_DRAFT))):
         if enough["category"].nunique() > 1 and enough[col].notna().any():
             best, worst = enough.loc[enough[col].idxmax()], enough.loc[enough[col].idxmin()]
             lines.append(f"By prompt category, the {col} accepts most on `{best['category']}` "
@@ -303,19 +293,17 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
     """Plain-language statements computed from the inputs; `batch`: every method at every batch size
     (draftsmith.report.load.load_batch_sizes), for where the draft stops paying under load."""
     lines = []
-    for variant in sorted(summaries):
+    for variant in summaries:
         s = summaries[variant]
         m = _method_values(methods, variant)
         where = f"`{variant}` ({s['backend']} backend)"
-        draft = m.get("eagle3_draft")
+        draft = m.get(TRAINED_DRAFT)
         if draft is None:
-            lines.append(f"{where}: the benchmark has no trained-draft (eagle3_draft) results.")
+            lines.append(f"{where}: the benchmark has no trained-draft ({TRAINED_DRAFT}) results.")
             continue
-        baselines = [f"{fmt(m[b]['acceptance_length'], 2)} with {phrase}"
-                     for b, phrase in (("prompt_lookup", "prompt lookup"), ("untrained_draft", "the untrained draft"))
-                     if b in m]
+        baselines = [f"{fmt(m[b]['acceptance_length'], 2)} with {method_label(b)}" for b in other_drafting(m)]
         text = (f"{where}: the trained draft accepts {fmt(draft['acceptance_length'], 2)} tokens per target forward"
-                + (f" vs {' and '.join(baselines)}" if baselines else ""))
+                + (f" vs {', '.join(baselines)}" if baselines else ""))
         speedup = draft["speedup"]
         if speedup is not None and pd.notna(speedup) and BASELINE in m:
             slower = ", i.e. slower" if speedup < 1 else ""
@@ -350,7 +338,7 @@ def findings(summaries: dict, methods: pd.DataFrame, stats: pd.DataFrame, metric
                      f"greedy decoding should repeat exactly**")
         lines.append(text + ".")
     if len(summaries) > 1:
-        drafts = methods[methods["method"] == "eagle3_draft"].sort_values("acceptance_length", ascending=False)
+        drafts = methods[methods["method"] == TRAINED_DRAFT].sort_values("acceptance_length", ascending=False)
         if len(drafts):
             best = drafts.iloc[0]
             lines.append(f"Best variant by acceptance length: `{best['variant']}` "
