@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from draftsmith.benchmark.offline import run_offline_benchmark
 from draftsmith.config.workflow import section_defaults
 from draftsmith.data.prompts import read_benchmark_prompts
+from draftsmith.draft_model import resolve_num_speculative_tokens
 from draftsmith.io import write_text
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.draft_model import resolve_num_speculative_tokens
 
 
 def main():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.data.prompt_sets import PACKAGE, PACKAGE_VERSION, PROMPT_SETS  # noqa: E402
+from draftsmith.config.sources import PACKAGE, PACKAGE_VERSION, PROMPT_SETS  # noqa: E402
 
 
 def record_line(name: str, data: bytes) -> str:

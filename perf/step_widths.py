@@ -35,10 +35,10 @@ from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchr
 from draftsmith.benchmark.step_costs import median_ms
 from draftsmith.decoding.static_cache import KERNEL_SETTINGS, attention_span, kernel_setting
 from draftsmith.devices import resolve_dtype
+from draftsmith.draft_model import build_draft
 from draftsmith.io import write_text
 from draftsmith.target_model.layers import default_aux_layer_ids, text_config
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.draft_model import build_draft
 from draftsmith.vocab import build_vocab_map
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from draftsmith.data.regenerate_hf import HFBackend
+from draftsmith.generation.hf_backend import HFBackend
 from draftsmith.decoding.batch import BatchDecoder, Sampling, choose_tokens, nucleus_threshold, uniform_per_row
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 

@@ -134,7 +134,7 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     per_batch_size and pays_up_to in the summary, and every size's outputs equal to target-only greedy's."""
     import pandas as pd
 
-    from draftsmith.benchmark.batch_sizes import batch_size_problems
+    from draftsmith.config.batch_sizes import batch_size_problems
     from draftsmith.benchmark.offline import run_offline_benchmark
     from draftsmith.data.prompts import load_prompts
     from draftsmith.target_model.spec import TargetSpec

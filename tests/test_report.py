@@ -119,7 +119,7 @@ def make_inputs(root: Path) -> dict:
     from draftsmith.extraction.driver import extract
     from draftsmith.target_model.embedded import build_model, train_tokenizer
     from draftsmith.target_model.spec import TargetSpec
-    from draftsmith.training.draft_model import build_draft_config
+    from draftsmith.draft_model import build_draft_config
     from draftsmith.training.trainer import data_summary
 
     results = root / "results"

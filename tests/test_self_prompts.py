@@ -1,5 +1,5 @@
 """`source: self`: the target writes the user turns itself (Magpie-style), checked and counted, then answered by
-regenerate like any other dataset (draftsmith/data/self_prompts.py)."""
+regenerate like any other dataset (draftsmith/generation/self_prompts.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import yaml
 from conftest import jobs_planned, snakemake, write_config
 
 from draftsmith.data import mtbench
-from draftsmith.data import self_prompts as sp
-from draftsmith.data.regenerate import load_prompt_records, read_regenerate_stats, regenerate
+from draftsmith.data.regenerated import read_regenerate_stats
+from draftsmith.generation import self_prompts as sp
+from draftsmith.generation.driver import regenerate
+from draftsmith.generation.prompt_records import load_prompt_records
 from draftsmith.io import read_jsonl
 
 # ----------------------------------------------------------------------------- the template prefix
@@ -155,7 +157,7 @@ def test_the_target_writes_prompts_reproducibly_and_every_candidate_is_counted(t
 
 
 def test_an_interrupted_run_keeps_its_finished_chunks(tiny_target, tmp_path, monkeypatch, caplog):
-    from draftsmith.data.regenerate_hf import HFBackend
+    from draftsmith.generation.hf_backend import HFBackend
 
     real, calls = HFBackend.generate, []
 

@@ -38,10 +38,10 @@ from draftsmith.decoding.static_cache import (
     prompt_bucket,
     replay_ms,
 )
+from draftsmith.draft_model import build_draft
 from draftsmith.io import write_jsonl
 from draftsmith.target_model.embedded import build_embedded_target
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.draft_model import build_draft
 from draftsmith.vocab import build_vocab_map
 
 AUX = [1, 3, 4]
@@ -471,7 +471,7 @@ def test_a_divergence_from_greedy_is_located_and_sized(tiny):
 
 def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     from draftsmith.benchmark.offline import run_offline_benchmark
-    from draftsmith.training.draft_model import (
+    from draftsmith.draft_model import (
         load_draft,  # noqa: F401  (the loader the benchmark uses)
     )
 
@@ -585,7 +585,7 @@ def test_mt_bench_second_turn_follows_the_targets_own_answer(tiny):
 
 
 def test_num_speculative_tokens_auto_is_what_the_draft_was_trained_for(tiny):
-    from draftsmith.training.draft_model import resolve_num_speculative_tokens
+    from draftsmith.draft_model import resolve_num_speculative_tokens
 
     draft_dir = tiny["root"] / "draft_steps"
     trained = tiny["trained"]

@@ -11,6 +11,7 @@ from conftest import hf_backend, load_perf_script
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from draftsmith.data.tokenization import read_samples
+from draftsmith.draft_model import build_draft, load_draft
 from draftsmith.extraction.driver import extract_shard
 from draftsmith.extraction.hf_backend import HFHiddenStateExtractor
 from draftsmith.extraction.shards import MANIFEST
@@ -18,7 +19,6 @@ from draftsmith.io import read_json, sha256_file
 from draftsmith.provenance import model_fingerprint
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.attention import dense_mask, dense_mask_sdpa_forward, flex_attention_trains_on
-from draftsmith.training.draft_model import build_draft, load_draft
 from draftsmith.training.trainer import TrainingInputError, check_inputs, train_draft
 from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
 

@@ -16,7 +16,7 @@ the median of its runs; `run_order` records each run's position of the method, `
 decoding is deterministic: every run must emit the same tokens with the same counts; a run that does not is
 reported (`unrepeatable_prompts` in the summary), not hidden.
 
-Batch sizes (`benchmark.batch_sizes`, draftsmith.benchmark.batch_sizes): size 1 is the loop above, one prompt at a
+Batch sizes (`benchmark.batch_sizes`, draftsmith.config.batch_sizes): size 1 is the loop above, one prompt at a
 time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size B decodes the same prompts (a second
 turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) B at a time, in order,
 with the batched decoders of draftsmith.benchmark.batch_spec (CUDA graphs per row count where the batch-1 loop
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.batch_sizes import batch_sizes
 from draftsmith.benchmark.batch_spec import (
     BatchEagle3Proposer,
     BatchPromptLookupProposer,
@@ -53,12 +52,13 @@ from draftsmith.benchmark.spec_decode import (
     speculative_decode,
 )
 from draftsmith.benchmark.step_costs import measure_step_costs
+from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa, prompt_bucket
 from draftsmith.devices import resolve_device, resolve_dtype
+from draftsmith.draft_model import build_draft, load_draft
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
-from draftsmith.training.draft_model import build_draft, load_draft
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ content is a sentinel (`SENTINEL`) with the tokenizer's chat template, without a
 the text where the sentinel starts: whatever the template puts before a user turn (its default system turn where
 it adds one, e.g. SmolLM2's) is in the prefix. The target samples from there until an end-of-turn token (the
 stop tokens regenerate uses) or `max_new_tokens`, through the same backends as regenerate
-(draftsmith.data.regenerate.BACKENDS: `generate(requests, gen, progress)`, `prompt_limit`, `close`); each
+(draftsmith.generation.driver.BACKENDS: `generate(requests, gen, progress)`, `prompt_limit`, `close`); each
 candidate is seeded by (seed, dataset name, candidate index) alone (`candidate_seed`), so a candidate does not
 depend on chunks, batches or the backend's scheduling, and the same config writes the same file.
 
@@ -23,7 +23,7 @@ not depend on how they were chunked. Each candidate fails at most one check, the
 - `too_short` / `too_long`: fewer than `min_words` or more than `max_words` words (whitespace-separated);
 - `benchmark_overlap`: the same text as a benchmark prompt, or heavily overlapping one (`BenchmarkOverlap`: every
   turn of MT-Bench's 80 questions, both turns), so that no benchmark prompt is trained on;
-- `duplicate`: the same prompt as an earlier one that passed (draftsmith.data.regenerate.prompt_text_key: case
+- `duplicate`: the same prompt as an earlier one that passed (draftsmith.generation.prompt_records.prompt_text_key: case
   and runs of whitespace aside).
 Candidates sampled after the `num_prompts`-th prompt was found are counted as `beyond_num_prompts`, so that
 `candidates = prompts + dropped + beyond_num_prompts` in the stats.
@@ -54,13 +54,9 @@ from pathlib import Path
 
 from draftsmith.config.workflow import section_defaults
 from draftsmith.data.answer_checks import is_repetitive
-from draftsmith.data.regenerate import (
-    RegenerateSetupError,
-    fingerprint_of,
-    make_backend,
-    prompt_text_key,
-    regenerate_stats_path,
-)
+from draftsmith.data.regenerated import regenerate_stats_path
+from draftsmith.generation.driver import RegenerateSetupError, fingerprint_of, make_backend
+from draftsmith.generation.prompt_records import prompt_text_key
 from draftsmith.io import read_json, read_jsonl, sha256_file, write_json, write_jsonl
 from draftsmith.provenance import changed_keys
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
