@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.decoding.batch import grouped_sdpa, row_mask  # noqa: E402
+from draftsmith.decoding.batch_kv import grouped_sdpa, row_mask  # noqa: E402
 from draftsmith.decoding.ragged_attention import ragged_decode_attention  # noqa: E402
 from draftsmith.io import write_json, write_text  # noqa: E402
 

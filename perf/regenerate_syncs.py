@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from regenerate_throughput import load_smollm2, real_prompts  # noqa: E402
 
-from draftsmith.decoding.batch import BatchDecoder, Sampling  # noqa: E402
+from draftsmith.decoding.batch import BatchDecoder  # noqa: E402
 from draftsmith.decoding.ragged_attention import ragged_attention_available  # noqa: E402
+from draftsmith.decoding.sampling import Sampling  # noqa: E402
 from draftsmith.io import write_text  # noqa: E402
 from draftsmith.target_model.spec import stop_token_ids  # noqa: E402
 

@@ -35,11 +35,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.data import mtbench, prompt_sets  # noqa: E402
-from draftsmith.generation.driver import sample_seed  # noqa: E402
-from draftsmith.generation.prompt_records import prompt_text_key, regeneration_prompts  # noqa: E402
-from draftsmith.generation.hf_backend import HFBackend  # noqa: E402
 from draftsmith.data.synthetic import generate_corpus  # noqa: E402
-from draftsmith.decoding.batch import BatchDecoder, Sampling  # noqa: E402
+from draftsmith.decoding.batch import BatchDecoder  # noqa: E402
+from draftsmith.decoding.sampling import Sampling  # noqa: E402
+from draftsmith.generation.driver import sample_seed  # noqa: E402
+from draftsmith.generation.hf_backend import HFBackend  # noqa: E402
+from draftsmith.generation.prompt_records import prompt_text_key, regeneration_prompts  # noqa: E402
 from draftsmith.io import write_json, write_jsonl, write_text  # noqa: E402
 from draftsmith.provenance import package_versions  # noqa: E402
 from draftsmith.target_model.layers import text_config  # noqa: E402

@@ -31,7 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
+from draftsmith.benchmark.proposers import Eagle3Proposer
+from draftsmith.benchmark.spec_decode import TargetModel, synchronize
 from draftsmith.benchmark.step_costs import median_ms
 from draftsmith.decoding.static_cache import KERNEL_SETTINGS, attention_span, kernel_setting
 from draftsmith.devices import resolve_dtype

@@ -151,8 +151,8 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
     re-answers rather than keeping answers the other path wrote. Without Triton it says why it cannot."""
     import torch
 
-    from draftsmith.generation.hf_backend import HFBackend
     from draftsmith.decoding.ragged_attention import ragged_attention_available
+    from draftsmith.generation.hf_backend import HFBackend
     from draftsmith.target_model.spec import TargetSpec
 
     spec = TargetSpec(str(tiny_target))

@@ -16,16 +16,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.benchmark.spec_decode import (
+from draftsmith.benchmark.proposers import (
     Eagle3Proposer,
     PromptLookupProposer,
-    TargetModel,
     draft_layers_forward,
-    greedy_decode,
     prompt_lookup_candidates,
-    speculative_decode,
     use_sdpa,
 )
+from draftsmith.benchmark.spec_decode import TargetModel, greedy_decode, speculative_decode
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary

@@ -12,6 +12,7 @@ This module imports nothing heavy: the workflow reads it while it builds the DAG
 
 from __future__ import annotations
 
+
 def batch_sizes(bench: dict, backend: str | None = None) -> list[int]:
     """The sizes a benchmark section measures: batch_sizes, else the one size of `concurrency` (vllm) or `batch_size`
     (offline); `backend` defaults to the section's own."""

@@ -556,8 +556,8 @@ def run_training(args: dict) -> None:
     from speculators.train.trainer import TrainerConfig
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed
 
-    from draftsmith.training.attention import flex_attention_trains_on
     from draftsmith.draft_model import build_draft
+    from draftsmith.training.attention import flex_attention_trains_on
 
     cfg = args["training"]
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
