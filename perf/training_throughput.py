@@ -32,7 +32,8 @@ from draftsmith.extraction.shards import shard_files  # noqa: E402
 from draftsmith.io import read_json, write_text  # noqa: E402
 from draftsmith.provenance import package_versions  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec  # noqa: E402
-from draftsmith.training.trainer import matmul_precision, run_training, split_train_val  # noqa: E402
+from draftsmith.training.loader import split_train_val  # noqa: E402
+from draftsmith.training.trainer import matmul_precision, run_training  # noqa: E402
 
 
 class StepTimer(logging.Handler):

@@ -88,7 +88,7 @@ def write_benchmark(out_dir: Path, variant: str, backend: str, seed: int) -> dic
 
 def write_metrics(path: Path, variant: str, seed: int) -> None:
     """Log records shaped like speculators' Trainer logs them, through draftsmith's real metrics.csv writer."""
-    from draftsmith.training.trainer import MetricsCSV
+    from draftsmith.training.metrics import MetricsCSV
 
     logger = logging.getLogger(f"test_report.metrics.{variant}")
     logger.setLevel(logging.INFO)
