@@ -29,10 +29,10 @@ it drops by reason, and one warning gives the counts; prompts with no room for a
 The stats (`records_read`, `prompts_dropped`, `dropped_by_reason`, `duplicate_prompts`,
 `duplicate_record_ids`, `num_prompts`, the answers' finish reasons and tokens, the answer checks of
 draftsmith.data.answer_checks: cut at max_new_tokens, length percentiles, repetition; and the output's sha256) are
-written to `<name>.stats.json` beside `<name>.jsonl` (draftsmith.data.regenerated); prepare_dataset copies them into its stats.json
-(key `regenerate`) while the sha256 matches the file it reads, and the report's data table shows them. Prompts the
-target wrote itself (`source: self`, draftsmith.generation.self_prompts) are read like a local file; the counts of the step
-that wrote them come in through `extra_stats` (key `self_prompts`).
+written to `<name>.stats.json` beside `<name>.jsonl` (draftsmith.data.regenerated); prepare_dataset copies them
+into its stats.json (key `regenerate`) while the sha256 matches the file it reads, and the report's data table shows
+them. Prompts the target wrote itself (`source: self`, draftsmith.generation.self_prompts) are read like a local
+file; the counts of the step that wrote them come in through `extra_stats` (key `self_prompts`).
 
 Work is done in chunks of `chunk_size` prompts, each written atomically to
 `<out>.chunks/chunk_NNNNN.jsonl` beside a manifest holding a fingerprint of the prompts, the
