@@ -19,8 +19,8 @@ import torch
 from draftsmith.benchmark.offline import run_offline_benchmark
 from draftsmith.config.workflow import section_defaults
 from draftsmith.data.prompts import read_benchmark_prompts
+from draftsmith.draft_model import resolve_num_speculative_tokens
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.draft_model import resolve_num_speculative_tokens
 from perf.common import parser, write_table
 
 

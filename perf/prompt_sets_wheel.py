@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from draftsmith.data.prompt_sets import PACKAGE, PACKAGE_VERSION, PROMPT_SETS
+from draftsmith.config.sources import PACKAGE, PACKAGE_VERSION, PROMPT_SETS
 from perf.common import parser
 
 

@@ -29,10 +29,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.data import mtbench, prompt_sets
-from draftsmith.data.regenerate import prompt_text_key, regeneration_prompts, sample_seed
-from draftsmith.data.regenerate_hf import HFBackend
 from draftsmith.data.synthetic import generate_corpus
-from draftsmith.decoding.batch import BatchDecoder, Sampling
+from draftsmith.decoding.batch import BatchDecoder
+from draftsmith.decoding.sampling import Sampling
+from draftsmith.generation.driver import sample_seed
+from draftsmith.generation.hf_backend import HFBackend
+from draftsmith.generation.prompt_records import prompt_text_key, regeneration_prompts
 from draftsmith.io import write_jsonl, write_text
 from draftsmith.provenance import package_versions
 from draftsmith.target_model.layers import text_config

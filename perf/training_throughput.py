@@ -28,7 +28,8 @@ from draftsmith.extraction.shards import shard_files
 from draftsmith.io import read_json, write_text
 from draftsmith.provenance import package_versions
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.trainer import matmul_precision, run_training, split_train_val
+from draftsmith.training.loader import split_train_val
+from draftsmith.training.trainer import matmul_precision, run_training
 from perf.common import commit, parser, write_table
 
 
@@ -108,7 +109,7 @@ def upstream_recipe(files, val_files, d2t_path, t2d_path, target, cfg, save_path
     from speculators.train.trainer import Trainer, TrainerConfig
     from torch.utils.data import DataLoader
 
-    from draftsmith.training.draft_model import build_draft
+    from draftsmith.draft_model import build_draft
 
     device = torch.device(0)
     d2t = torch.from_numpy(np.load(d2t_path)).to(device)
@@ -134,7 +135,7 @@ def warm_up(files, d2t_path, t2d_path, target, cfg):
     """Compile the draft's forward/backward once (at the current matmul precision) so the runs find it compiled."""
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
 
-    from draftsmith.training.draft_model import build_draft
+    from draftsmith.draft_model import build_draft
 
     device = torch.device(0)
     aux = read_json(Path(files[0]).parent / "manifest.json")["aux_layer_ids"]

@@ -6,7 +6,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from draftsmith import artefacts
-from draftsmith.benchmark.batch_sizes import batch_sizes
+from draftsmith.config.batch_sizes import batch_sizes
+from draftsmith.config.sources import PROMPT_SETS
 from draftsmith.config.workflow import (
     ConfigError,
     check_config,
@@ -17,8 +18,8 @@ from draftsmith.data.mtbench import (
     fastchat_conversations_file,
     mt_bench_questions_file,
 )
-from draftsmith.data.prompt_sets import PROMPT_SETS, prompt_set_file
-from draftsmith.data.regenerate import regenerate_stats_path
+from draftsmith.data.prompt_sets import prompt_set_file
+from draftsmith.data.regenerated import regenerate_stats_path
 from draftsmith.provenance import target_content
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
@@ -158,7 +159,7 @@ def benchmark_settings(backend):
 RUN_ONLY = {
     "extraction": {"writer_threads"},
     # each answer depends on its prompt and its seed (seed, prompt id, sample), not on how the prompts are grouped
-    # into chunks, batches or GPUs (draftsmith.data.regenerate)
+    # into chunks, batches or GPUs (draftsmith.generation.driver)
     "regenerate": {
         "chunk_size",
         "batch_size",

@@ -88,7 +88,7 @@ rule prepare_dataset:
         "../scripts/prepare_dataset.py"
 
 
-# source self: the target writes the prompts itself (draftsmith/data/self_prompts.py), with regenerate's backend
+# source self: the target writes the prompts itself (draftsmith/generation/self_prompts.py), with regenerate's backend
 rule self_prompts:
     input:
         target=target_input(),

@@ -1,8 +1,8 @@
 from draftsmith.data.prompts import read_benchmark_prompts
+from draftsmith.draft_model import resolve_num_speculative_tokens
 from draftsmith.provenance import benchmark_inputs, record_inputs
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.draft_model import resolve_num_speculative_tokens
 from draftsmith.vllm_stack.preflight import gate
 
 

@@ -1,4 +1,6 @@
-from draftsmith.data.regenerate import engine_device, read_regenerate_stats, regenerate, regeneration_prompts
+from draftsmith.data.regenerated import read_regenerate_stats
+from draftsmith.generation.driver import engine_device, regenerate
+from draftsmith.generation.prompt_records import regeneration_prompts
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 

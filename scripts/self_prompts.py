@@ -1,5 +1,5 @@
-from draftsmith.data.regenerate import engine_device
-from draftsmith.data.self_prompts import self_prompts
+from draftsmith.generation.driver import engine_device
+from draftsmith.generation.self_prompts import self_prompts
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from draftsmith.data.regenerate_hf import HFBackend
-from draftsmith.decoding.batch import BatchDecoder, Sampling, choose_tokens, nucleus_threshold, uniform_per_row
+from draftsmith.decoding.batch import BatchDecoder
+from draftsmith.decoding.sampling import Sampling, choose_tokens, nucleus_threshold, uniform_per_row
+from draftsmith.generation.hf_backend import HFBackend
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
 QUESTIONS = ["What is 12 + 7?", "What is the capital of France?", "Count from 3 to 9.", "Say hi.",

@@ -14,17 +14,12 @@ import torch
 
 from draftsmith.benchmark.batch_spec import (
     BatchEagle3Proposer,
-    BatchPromptLookupProposer,
     BatchTarget,
     batch_greedy_decode,
     batch_speculative_decode,
 )
-from draftsmith.benchmark.spec_decode import (
-    Eagle3Proposer,
-    PromptLookupProposer,
-    greedy_decode,
-    speculative_decode,
-)
+from draftsmith.benchmark.methods import method_decoders, method_proposers
+from draftsmith.benchmark.spec_decode import greedy_decode
 
 tiny = spec_tests.tiny  # the module-scoped fixture, built once for this module too
 MAX_NEW = spec_tests.MAX_NEW
@@ -70,14 +65,17 @@ def test_batched_greedy_rows_equal_batch_one_greedy(tiny, size):
 def test_batched_speculative_rows_equal_batch_one_greedy(tiny, method, size, k):
     prompts, stop = batch_of(tiny, size)
     want = references(tiny, prompts, stop)
-    proposer = (BatchPromptLookupProposer(3, torch.device("cpu")) if method == "prompt_lookup"
-                else BatchEagle3Proposer(tiny[method.removesuffix("_draft")]))
-    traces = batch_speculative_decode(BatchTarget(tiny["target"]), proposer, prompts, k, MAX_NEW, stop)
+    # the benchmark's own proposers and decoders of the method (the tiny fixture's drafts under their method names)
+    drafts = {m: tiny[m.removesuffix("_draft")] for m in ("untrained_draft", "trained_draft")}
+
+    def decode(target, rows, batched):
+        proposers = method_proposers(drafts, 3, torch.device("cpu"), batched=batched)
+        return method_decoders([method], target, proposers, k, MAX_NEW, stop, batched=batched)[method](rows)
+
+    traces = decode(BatchTarget(tiny["target"]), prompts, batched=True)
     check_rows(traces, want, k)
     # each row drafts what it drafts alone: the same proposals and acceptances as batch-1 speculative decoding
-    alone = [speculative_decode(tiny["target"], PromptLookupProposer(3, torch.device("cpu")) if method == "prompt_lookup"
-                                else Eagle3Proposer(tiny[method.removesuffix("_draft")]), ids, k, MAX_NEW, stop)
-             for ids in prompts]
+    alone = [decode(tiny["target"], ids, batched=False) for ids in prompts]
     assert [(t.proposed, t.accepted) for t in traces] == [(t.proposed, t.accepted) for t in alone]
     if method == "trained_draft" and k == 3:  # rows accept partial chains: the rewinds are exercised
         accepted = [a for t in traces for a in t.accepted]
@@ -134,8 +132,8 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     per_batch_size and pays_up_to in the summary, and every size's outputs equal to target-only greedy's."""
     import pandas as pd
 
-    from draftsmith.benchmark.batch_sizes import batch_size_problems
     from draftsmith.benchmark.offline import run_offline_benchmark
+    from draftsmith.config.batch_sizes import batch_size_problems
     from draftsmith.data.prompts import load_prompts
     from draftsmith.target_model.spec import TargetSpec
 

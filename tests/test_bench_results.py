@@ -146,7 +146,7 @@ def test_a_single_timed_run_leaves_the_spread_unknown(tmp_path):
 def test_interleaved_timing_rotates_the_order_and_flags_a_run_that_decodes_otherwise():
     """time_interleaved runs every method once per run, in an order rotated per prompt and run; a method whose later
     run emits other tokens is flagged, its first run's counts kept."""
-    from draftsmith.benchmark.offline import run_order, time_interleaved
+    from draftsmith.benchmark.interleaved import run_order, time_interleaved
 
     calls = []
 

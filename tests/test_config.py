@@ -55,7 +55,7 @@ def test_the_longer_training_overlay_changes_only_the_training_schedule():
 
 
 def test_the_batch_sweep_overlay_validates_on_top_of_its_base():
-    from draftsmith.benchmark.batch_sizes import batch_size_problems, batch_sizes
+    from draftsmith.config.batch_sizes import batch_size_problems, batch_sizes
 
     config = load_config([REPO / "config" / "gpu.yaml", REPO / "config" / "overlays" / "gpu-batch-sweep.yaml"])
     assert batch_sizes(config["benchmark"]) == [1, 4, 16, 64] and not batch_size_problems(config["benchmark"])
@@ -325,7 +325,7 @@ def test_bad_batch_sizes_name_file_and_key(tmp_path, text, lines):
 
 
 def test_batch_sizes_stand_for_the_one_size_of_a_run_without_them(tmp_path):
-    from draftsmith.benchmark.batch_sizes import batch_sizes
+    from draftsmith.config.batch_sizes import batch_sizes
 
     sweep = load_config([user_config(tmp_path, "benchmark: {backend: vllm, batch_sizes: [1, 4, 16], concurrency: 1}\n")])
     assert sweep["benchmark"]["batch_sizes"] == [1, 4, 16] and batch_sizes(sweep["benchmark"]) == [1, 4, 16]

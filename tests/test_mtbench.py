@@ -147,8 +147,8 @@ def test_a_prompt_file_without_its_fields_is_named(tmp_path):
 def test_no_benchmark_prompt_reaches_the_training_prompts(tmp_path, caplog):
     """The prompts the regenerate rule answers: FastChat's user turns (deduplicated) and any dataset's first
     user turns, with every MT-Bench turn dropped, even one planted in a dataset."""
-    from draftsmith.data.regenerate import regeneration_prompts
     from draftsmith.data.synthetic import generate_corpus
+    from draftsmith.generation.prompt_records import regeneration_prompts
     from draftsmith.io import write_jsonl
 
     banned = {mtbench.normalise_text(t) for q in mtbench.load_questions() for t in q["turns"]}

@@ -10,7 +10,7 @@ from conftest import snakemake, write_config
 
 from draftsmith.data import mtbench, prompt_sets
 from draftsmith.data.mtbench import PromptDataError
-from draftsmith.data.regenerate import regeneration_prompts
+from draftsmith.generation.prompt_records import regeneration_prompts
 
 
 def test_the_packaged_sets_load_with_categories_and_hold_no_mt_bench_turn():

@@ -84,7 +84,7 @@ CHANGES = {
         "dtype": "bfloat16",
         "seed": 1}.items()},
     "benchmark.repeats": (3, {"benchmark"}),
-    # the sizes measured are the params (draftsmith.benchmark.batch_sizes): null stands for [batch_size] offline, and
+    # the sizes measured are the params (draftsmith.config.batch_sizes): null stands for [batch_size] offline, and
     # a size above 1 is a config error there (batched offline speculative decoding is not built)
     "benchmark.batch_sizes": ([1], set(), "[1] is the one size null stands for on the offline backend: the same run"),  # the tiny configuration times 2 runs per prompt
     "benchmark.num_prompts": (2, {"benchmark_prompts"}),

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from draftsmith.data import regenerate as regen
+from draftsmith.generation import driver as regen
+from draftsmith.generation.prompt_records import load_prompt_records, regeneration_prompts
 from draftsmith.io import read_jsonl, write_jsonl
 
 # questions like the synthetic tasks the tiny target was pretrained on, so that it answers them
@@ -109,7 +110,7 @@ def test_resumes_finished_chunks_and_recomputes_on_mismatch(tiny_target, tmp_pat
         regen.regenerate(prompts(), tiny_target, out, **kwargs)
     calls.clear()
     monkeypatch.setattr(regen, "_generate_chunk", lambda *a, **k: (calls.append(a[2][0]["id"]), real(*a, **k))[1])
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
         stats = regen.regenerate(prompts(), tiny_target, out, **{**kwargs, "max_new_tokens": 5})
     assert "changed: max_new_tokens" in caplog.text and "recomputing" in caplog.text
     assert calls == ["p0", "p2", "p4", "p6"] and stats["chunks_reused"] == 0
@@ -139,7 +140,7 @@ def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, m
     with pytest.raises(RuntimeError):
         regen.regenerate(prompts(3), tiny_target, out, max_new_tokens=4, chunk_size=2, show_progress=False)
     assert (chunk_dir / "manifest.json").is_file()
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"), pytest.raises(RuntimeError):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"), pytest.raises(RuntimeError):
         regen.regenerate(prompts(4), tiny_target, out, max_new_tokens=4, chunk_size=2, show_progress=False)
     assert "changed: prompts" in caplog.text
 
@@ -150,12 +151,12 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
     re-answers rather than keeping answers the other path wrote. Without Triton it says why it cannot."""
     import torch
 
-    from draftsmith.data.regenerate_hf import HFBackend
     from draftsmith.decoding.ragged_attention import ragged_attention_available
+    from draftsmith.generation.hf_backend import HFBackend
     from draftsmith.target_model.spec import TargetSpec
 
     spec = TargetSpec(str(tiny_target))
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate_hf"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation.hf_backend"):
         cpu, gpu = HFBackend(spec, {"device": "cpu"}), HFBackend(spec, {"device": "cuda:1"})
     assert not cpu.compile_layers and "compiled_layers" not in cpu.settings
     assert gpu.compile_layers and gpu.settings["compiled_layers"] == "RMSNorm, MLP"
@@ -168,7 +169,7 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
         assert not gpu.ragged and "attention" not in gpu.settings
         assert f"not each row's own slots ({problem})" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate_hf"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation.hf_backend"):
         span = HFBackend(spec, {"device": "cuda:1", "attention": "span"})  # asked for: no warning
     assert not span.ragged and "attention" not in span.settings and not caplog.text
     assert span.settings == {k: v for k, v in gpu.settings.items() if k != "attention"}
@@ -180,12 +181,12 @@ def test_chunks_smaller_than_the_batch_are_named_with_the_chunk_size_that_fills_
     """Each chunk is one call of the backend: 2 prompts x 2 answers a chunk keep 4 of 8 rows busy; a warning says
     so and what fills them. A chunk as large as the batch, or a run of one chunk, gets no warning."""
     sampled = {"max_new_tokens": 4, "temperature": 0.8, "samples_per_prompt": 2, "show_progress": False}
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
         regen.regenerate(prompts(6), tiny_target, tmp_path / "small.jsonl", chunk_size=2, batch_size=8, **sampled)
     assert "a chunk of 2 prompts x 2 answers keeps at most 4 of the hf backend's 8 rows busy; " \
            "regenerate.chunk_size 4 or more fills them" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
         regen.regenerate(prompts(6), tiny_target, tmp_path / "filled.jsonl", chunk_size=4, batch_size=8, **sampled)
         regen.regenerate(prompts(3), tiny_target, tmp_path / "one.jsonl", chunk_size=3, batch_size=8, **sampled)
     assert "rows busy" not in caplog.text
@@ -196,7 +197,7 @@ def test_prompts_from_jsonl(tiny_target, tmp_path):
 
     path = tmp_path / "prompts.jsonl"
     write_jsonl(path, mtbench.as_prompt_records(mtbench.select_questions(mtbench.load_questions(), 1))[:3])
-    records = regen.load_prompt_records(path)
+    records = load_prompt_records(path)
     assert [r["id"] for r in records] == [json.loads(line)["id"] for line in path.read_text().splitlines()]
     regen.regenerate(path, tiny_target, tmp_path / "out.jsonl", max_new_tokens=3, show_progress=False)
     assert len(rows(tmp_path / "out.jsonl")) == 3
@@ -210,7 +211,7 @@ def test_prompts_from_jsonl(tiny_target, tmp_path):
 ])
 def test_bad_prompt_records(bad, message):
     with pytest.raises(ValueError, match=message):
-        regen.load_prompt_records(bad)
+        load_prompt_records(bad)
 
 
 def test_prompts_with_no_room_for_an_answer_are_skipped(tiny_target, tmp_path, caplog):
@@ -222,7 +223,7 @@ def test_prompts_with_no_room_for_an_answer_are_skipped(tiny_target, tmp_path, c
     limit = max(lengths[:3]) + 1
     assert lengths[3] >= limit
     out = tmp_path / "answers.jsonl"
-    with caplog.at_level(logging.INFO, logger="draftsmith.data.regenerate"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.generation"):
         stats = regen.regenerate(records, tiny_target, out, max_new_tokens=4, show_progress=False,
                                  max_prompt_tokens=limit)
     assert [r["id"] for r in rows(out)] == ["p0", "p1", "p2"] and stats["num_prompts"] == 3
@@ -262,8 +263,8 @@ def test_every_dropped_prompt_is_counted_by_reason_through_prepare_into_the_repo
     tokenizer = AutoTokenizer.from_pretrained(tiny_target)
     limit = 1 + max(len(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in records[:-1])
     out = tmp_path / "regenerated" / "chat.jsonl"
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
-        returned = regen.regenerate(regen.regeneration_prompts({"source": "local", "path": str(raw)}, "local"),
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
+        returned = regen.regenerate(regeneration_prompts({"source": "local", "path": str(raw)}, "local"),
                                     tiny_target, out, max_new_tokens=2, batch_size=12, chunk_size=12,
                                     show_progress=False, max_prompt_tokens=limit)
     written = read_json(tmp_path / "regenerated" / "chat.stats.json")
@@ -303,7 +304,7 @@ def test_the_same_prompt_under_another_id_is_answered_once(tiny_target, tmp_path
     records = [{"id": f"d{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)]
     records.append({"id": "sys", "messages": [{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "Say hi."}]})
-    loaded = regen.load_prompt_records(records)
+    loaded = load_prompt_records(records)
     assert [r["id"] for r in loaded] == ["d0", "d2", "d3", "sys"]
     assert loaded.dropped == {"duplicate_prompt": 2} and loaded.records_read == 6
 
@@ -340,8 +341,8 @@ def test_duplicate_ids_are_answered_under_unique_ids_and_prepare_keeps_them(tiny
     raw = tmp_path / "raw.jsonl"
     write_jsonl(raw, records)
     out = tmp_path / "chat.jsonl"
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
-        stats = regen.regenerate(regen.regeneration_prompts({"source": "local", "path": str(raw)}, "local"),
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
+        stats = regen.regenerate(regeneration_prompts({"source": "local", "path": str(raw)}, "local"),
                                  tiny_target, out, max_new_tokens=2, show_progress=False)
     assert [r["id"] for r in rows(out)] == ["x", "x#2", "y", "x#2#2"]
     assert [r["messages"][0]["content"] for r in rows(out)] == questions
@@ -362,8 +363,8 @@ def test_records_in_the_regenerate_path_are_named_by_line_or_record(tmp_path, ca
     path = tmp_path / "raw.jsonl"
     path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "Say hi."}]}) + "\n\n"
                     + "{not json\n" + json.dumps({"id": "b", "messages": [{"role": "wizard", "content": "x"}]}) + "\n")
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
-        records = regen.regeneration_prompts({"source": "local", "path": str(path)}, "local")
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
+        records = regeneration_prompts({"source": "local", "path": str(path)}, "local")
     assert f"{path}: line 3: invalid JSON" in caplog.text and f"{path}: line 4 (id b): messages[0].role" in caplog.text
     assert "record 2" not in caplog.text and "record 3" not in caplog.text
     assert [r["id"] for r in records] == ["a"] and records.dropped == {"invalid_json": 1, "unknown_role": 1}
@@ -372,13 +373,13 @@ def test_records_in_the_regenerate_path_are_named_by_line_or_record(tmp_path, ca
     conversations.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
                                          {"id": "b", "conversations": [{"from": "human"}]}]))
     with pytest.raises(PromptDataError, match=r"record 1 \(id b\): conversations\[0\] needs string fields"):
-        regen.regeneration_prompts({"path": str(conversations), "max_records": None}, "fastchat")
+        regeneration_prompts({"path": str(conversations), "max_records": None}, "fastchat")
 
 
 def test_fastchat_and_prompt_set_drops_are_counted(tmp_path):
     from draftsmith.data import mtbench
 
-    fastchat = regen.regeneration_prompts({"path": str(mtbench.fastchat_conversations_file()), "max_records": 50},
+    fastchat = regeneration_prompts({"path": str(mtbench.fastchat_conversations_file()), "max_records": 50},
                                           "fastchat")
     assert len(fastchat) == 50 and fastchat.records_read == 1000  # 500 identity chats, two user turns each
     assert fastchat.dropped == {"duplicate_prompt": 946, "beyond_max_records": 4}
@@ -387,7 +388,7 @@ def test_fastchat_and_prompt_set_drops_are_counted(tmp_path):
         {"uid": "a", "subcategory": "math", "prompt": "Solve x + 1 = 2."},
         {"uid": "b", "subcategory": "math", "prompt": "Решите уравнение x + 1 = 2."},
         {"uid": "c", "subcategory": "math", "prompt": "solve  X + 1 = 2."}]))
-    arena = regen.regeneration_prompts({"path": str(path), "max_records": None}, "arena_hard")
+    arena = regeneration_prompts({"path": str(path), "max_records": None}, "arena_hard")
     assert [r["id"] for r in arena] == ["arena_hard_a"] and arena.records_read == 3
     assert arena.dropped == {"not_latin_script": 1, "duplicate_prompt": 1}
 
@@ -515,7 +516,7 @@ def test_prompts_beyond_the_engines_max_model_len_are_skipped_and_counted(tiny_t
     records = prompts(3) + [{"id": "long", "messages": [{"role": "user", "content": "Tell me a story. " * 20}]}]
     lengths = [len(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in records]
     backend = ScriptedBackend(lambda r: {"token_ids": [5, 6], "finish_reason": "stop"}, limit=max(lengths[:3]) + 1)
-    with caplog.at_level(logging.INFO, logger="draftsmith.data.regenerate"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.generation"):
         stats = regen.regenerate(records, tiny_target, tmp_path / "a.jsonl", backend=backend, show_progress=False,
                                  max_prompt_tokens=1000)
     assert [r["id"] for r in rows(tmp_path / "a.jsonl")] == ["p0", "p1", "p2"]
@@ -545,7 +546,7 @@ def test_answers_are_checked_cut_lengths_and_loops(tiny_target, tmp_path, caplog
         r["messages"], add_generation_prompt=True)): scripted[r["id"]] for r in records}
     backend = ScriptedBackend(lambda request: by_ids[tuple(request["prompt_ids"])])
     out = tmp_path / "regenerated" / "chat.jsonl"
-    with caplog.at_level(logging.WARNING, logger="draftsmith.data.regenerate"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.generation"):
         stats = regen.regenerate(records, tiny_target, out, backend=backend, max_new_tokens=80, show_progress=False)
     assert "3 of 4 answers (75%) were cut at max_new_tokens=80" in caplog.text
     assert [r["repetitive"] for r in rows(out)] == [True, False, False, False]

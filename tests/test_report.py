@@ -88,7 +88,7 @@ def write_benchmark(out_dir: Path, variant: str, backend: str, seed: int) -> dic
 
 def write_metrics(path: Path, variant: str, seed: int) -> None:
     """Log records shaped like speculators' Trainer logs them, through draftsmith's real metrics.csv writer."""
-    from draftsmith.training.trainer import MetricsCSV
+    from draftsmith.training.metrics import MetricsCSV
 
     logger = logging.getLogger(f"test_report.metrics.{variant}")
     logger.setLevel(logging.INFO)
@@ -116,10 +116,10 @@ def write_metrics(path: Path, variant: str, seed: int) -> None:
 def make_inputs(root: Path) -> dict:
     from draftsmith.data.synthetic import generate_corpus
     from draftsmith.data.tokenization import prepare_dataset
+    from draftsmith.draft_model import build_draft_config
     from draftsmith.extraction.driver import extract
     from draftsmith.target_model.embedded import build_model, train_tokenizer
     from draftsmith.target_model.spec import TargetSpec
-    from draftsmith.training.draft_model import build_draft_config
     from draftsmith.training.trainer import data_summary
 
     results = root / "results"

@@ -315,7 +315,7 @@ def test_no_table_of_the_pipeline_report_is_wider_than_the_page(pipeline_run, tm
 
 def swept(*speedups, backend="vllm") -> dict:
     """A summary measured at batch sizes 1, 4, 16, ... with the draft's speedups as given."""
-    from draftsmith.benchmark.batch_sizes import pays_up_to
+    from draftsmith.benchmark.results import pays_up_to
 
     sizes = [1, 4, 16, 64][:len(speedups)]
     per_size = {str(s): {"tokens_per_s": 10 * s * x, "speedup": x, "acceptance_length": 2.0} for s, x in zip(sizes, speedups)}

@@ -1,5 +1,5 @@
 """`source: self`: the target writes the user turns itself (Magpie-style), checked and counted, then answered by
-regenerate like any other dataset (draftsmith/data/self_prompts.py)."""
+regenerate like any other dataset (draftsmith/generation/self_prompts.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import yaml
 from conftest import jobs_planned, snakemake, write_config
 
 from draftsmith.data import mtbench
-from draftsmith.data import self_prompts as sp
-from draftsmith.data.regenerate import load_prompt_records, read_regenerate_stats, regenerate
+from draftsmith.data.regenerated import read_regenerate_stats
+from draftsmith.generation import prompt_filters as filters
+from draftsmith.generation import self_prompts as sp
+from draftsmith.generation.driver import regenerate
+from draftsmith.generation.prompt_records import load_prompt_records
 from draftsmith.io import read_jsonl
 
 # ----------------------------------------------------------------------------- the template prefix
@@ -51,7 +54,7 @@ def test_a_tokenizer_without_a_chat_template_is_refused(tiny_target):
 
 @pytest.fixture(scope="module")
 def mt_bench():
-    return sp.BenchmarkOverlap.mt_bench()
+    return filters.BenchmarkOverlap.mt_bench()
 
 
 def test_every_mt_bench_turn_both_turns_is_a_benchmark_prompt(mt_bench):
@@ -88,18 +91,18 @@ def test_benchmark_overlap_exact_lightly_edited_and_unrelated(mt_bench):
 
 
 def test_the_overlap_threshold_is_the_share_of_the_smaller_ngram_set():
-    bench = sp.BenchmarkOverlap(["one two three four five six seven eight nine ten"], threshold=0.5)
+    bench = filters.BenchmarkOverlap(["one two three four five six seven eight nine ten"], threshold=0.5)
     # 9 bigrams; a candidate sharing 5 of its 9 (more than half of the smaller set) overlaps, 4 of 9 does not
     assert bench.match("one two three four five six x y z w u v") is not None
     assert bench.match("one two three four five x y z w u v q") is None
-    assert sp.BenchmarkOverlap(["one two three four five six seven eight nine ten"], threshold=0.9).match(
+    assert filters.BenchmarkOverlap(["one two three four five six seven eight nine ten"], threshold=0.9).match(
         "one two three four five six x y z w u v") is None
     with pytest.raises(ValueError, match="threshold"):
-        sp.BenchmarkOverlap(["a b"], threshold=0)
+        filters.BenchmarkOverlap(["a b"], threshold=0)
 
 
 def test_each_check_drops_and_counts_by_the_first_reason(mt_bench):
-    checks = sp.PromptFilter(mt_bench, min_words=3, max_words=12)
+    checks = filters.PromptFilter(mt_bench, min_words=3, max_words=12)
     loop = [5, 6, 7] * 30  # is_repetitive: the last 64 tokens are one block repeated
     cases = [
         ("   \n", [1], "stop", "empty"),
@@ -114,9 +117,9 @@ def test_each_check_drops_and_counts_by_the_first_reason(mt_bench):
     ]
     got = [checks.reason(text, ids, finish) for text, ids, finish, _ in cases]
     assert got == [reason for *_, reason in cases]
-    assert checks.dropped == {r: 1 for r in sp.FILTERS}
+    assert checks.dropped == {r: 1 for r in filters.FILTERS}
     with pytest.raises(ValueError, match="min_words"):
-        sp.PromptFilter(mt_bench, min_words=5, max_words=4)
+        filters.PromptFilter(mt_bench, min_words=5, max_words=4)
 
 
 # ----------------------------------------------------------------------------- writing prompts with a real target
@@ -139,7 +142,8 @@ def test_the_target_writes_prompts_reproducibly_and_every_candidate_is_counted(t
     # every candidate sampled is a prompt, dropped by one reason, or beyond what was needed
     assert stats["candidates"] == stats["prompts"] + sum(stats["dropped_by_reason"].values()) + stats["beyond_num_prompts"]
     assert stats["dropped"] == sum(stats["dropped_by_reason"].values())
-    assert set(stats["dropped_by_reason"]) <= set(sp.FILTERS) and stats["candidates"] <= stats["max_candidates"] == 18
+    assert set(stats["dropped_by_reason"]) <= set(filters.FILTERS)
+    assert stats["candidates"] <= stats["max_candidates"] == 18
     assert stats["template_prefix"] == "<|bos|><|user|>"
     assert read_regenerate_stats(tmp_path / "a.jsonl", "self_prompts") == stats
     assert not (tmp_path / "a.jsonl.chunks").exists()
@@ -155,7 +159,7 @@ def test_the_target_writes_prompts_reproducibly_and_every_candidate_is_counted(t
 
 
 def test_an_interrupted_run_keeps_its_finished_chunks(tiny_target, tmp_path, monkeypatch, caplog):
-    from draftsmith.data.regenerate_hf import HFBackend
+    from draftsmith.generation.hf_backend import HFBackend
 
     real, calls = HFBackend.generate, []
 
@@ -231,7 +235,7 @@ def test_regenerate_answers_them_and_the_counts_reach_the_report(tiny_target, tm
     assert row["records_read"] == written["candidates"]
     assert row["records_read"] == row["dropped_by_regenerate"] + row["records_skipped"] + row["records_kept"]
     assert {k.removeprefix("self_prompts: ") for k in row["dropped_by_regenerate_by_reason"]} <= {
-        *sp.FILTERS, "beyond_num_prompts"}
+        *filters.FILTERS, "beyond_num_prompts"}
 
 
 # ----------------------------------------------------------------------------- config and workflow

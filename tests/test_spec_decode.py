@@ -16,16 +16,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.benchmark.spec_decode import (
+from draftsmith.benchmark.proposers import (
     Eagle3Proposer,
     PromptLookupProposer,
-    TargetModel,
     draft_layers_forward,
-    greedy_decode,
     prompt_lookup_candidates,
-    speculative_decode,
     use_sdpa,
 )
+from draftsmith.benchmark.spec_decode import TargetModel, greedy_decode, speculative_decode
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary
@@ -38,10 +36,10 @@ from draftsmith.decoding.static_cache import (
     prompt_bucket,
     replay_ms,
 )
+from draftsmith.draft_model import build_draft
 from draftsmith.io import write_jsonl
 from draftsmith.target_model.embedded import build_embedded_target
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.draft_model import build_draft
 from draftsmith.vocab import build_vocab_map
 
 AUX = [1, 3, 4]
@@ -471,7 +469,7 @@ def test_a_divergence_from_greedy_is_located_and_sized(tiny):
 
 def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     from draftsmith.benchmark.offline import run_offline_benchmark
-    from draftsmith.training.draft_model import (
+    from draftsmith.draft_model import (
         load_draft,  # noqa: F401  (the loader the benchmark uses)
     )
 
@@ -585,7 +583,7 @@ def test_mt_bench_second_turn_follows_the_targets_own_answer(tiny):
 
 
 def test_num_speculative_tokens_auto_is_what_the_draft_was_trained_for(tiny):
-    from draftsmith.training.draft_model import resolve_num_speculative_tokens
+    from draftsmith.draft_model import resolve_num_speculative_tokens
 
     draft_dir = tiny["root"] / "draft_steps"
     trained = tiny["trained"]

@@ -11,6 +11,7 @@ from conftest import hf_backend
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from draftsmith.data.tokenization import read_samples
+from draftsmith.draft_model import build_draft, load_draft
 from draftsmith.extraction.driver import extract_shard
 from draftsmith.extraction.hf_backend import HFHiddenStateExtractor
 from draftsmith.extraction.shards import MANIFEST
@@ -18,7 +19,6 @@ from draftsmith.io import read_json, sha256_file
 from draftsmith.provenance import model_fingerprint
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.attention import dense_mask, dense_mask_sdpa_forward, flex_attention_trains_on
-from draftsmith.training.draft_model import build_draft, load_draft
 from draftsmith.training.trainer import TrainingInputError, check_inputs, train_draft
 from draftsmith.vocab import build_vocab_map, save_npy, token_frequencies
 from perf import training_throughput
@@ -187,7 +187,7 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run_bit_for_bit(traini
 def test_noise_of_an_epoch_does_not_depend_on_earlier_epochs_or_workers(training_inputs):
     """The noise a sample gets in epoch 1 is the same whether epoch 0 ran before it in the same persistent DataLoader
     workers (an uninterrupted run on a GPU host) or not (a resumed run), and in the main process or in a worker."""
-    from draftsmith.training.trainer import make_loader, training_split
+    from draftsmith.training.loader import make_loader, training_split
 
     _, (files, lengths), _ = training_split(training_inputs["manifests"], TRAINING)
     args = dict(world_size=1, rank=0, seed=0, pin_memory=False)
@@ -386,7 +386,8 @@ def test_mismatched_inputs_are_refused(training_inputs, tiny_target, tmp_path):
 
 
 def test_data_fraction_trains_on_a_seeded_subset_validated_on_the_same_samples(training_inputs):
-    from draftsmith.training.trainer import data_summary, training_split
+    from draftsmith.training.loader import training_split
+    from draftsmith.training.trainer import data_summary
 
     full = training_split(training_inputs["manifests"], {**TRAINING, "data_fraction": 1.0})
     half = training_split(training_inputs["manifests"], {**TRAINING, "data_fraction": 0.5})

@@ -372,7 +372,7 @@ def test_the_server_holds_the_largest_size_without_prefix_caching():
 
 
 def test_pays_up_to_is_the_largest_size_up_to_which_the_draft_beats_greedy():
-    from draftsmith.benchmark.batch_sizes import pays_up_to
+    from draftsmith.benchmark.results import pays_up_to
 
     def sizes(*speedups):
         return {str(s): {"speedup": x} for s, x in zip([1, 4, 16, 64], speedups)}

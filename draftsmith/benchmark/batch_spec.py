@@ -47,19 +47,10 @@ import time
 
 import torch
 
-from draftsmith.benchmark.spec_decode import (
-    Trace,
-    PromptLookupProposer,
-    TargetModel,
-    answer_done,
-    cut_output,
-    draft_layers,
-    prompt_lookup_candidates,
-    synchronize,
-    use_sdpa,
-)
+from draftsmith.benchmark.proposers import PromptLookupProposer, draft_layers, prompt_lookup_candidates, use_sdpa
+from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
+from draftsmith.decoding.batch_kv import BatchKV, attention_configs, grouped_attention, left_padded, row_mask
 from draftsmith.decoding.draft_kernels import fewer_kernels
-from draftsmith.decoding.batch import BatchKV, attention_configs, grouped_attention, left_padded, row_mask
 from draftsmith.decoding.static_cache import StepGraphs
 
 CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
@@ -207,7 +198,7 @@ class BatchPromptLookupProposer(PromptLookupProposer):
 
 
 class BatchEagle3Proposer:
-    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (spec_decode.Eagle3Proposer, batched).
+    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (proposers.Eagle3Proposer, batched).
 
     Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
     pending inputs of the next round (the newly verified tokens and the target's states before them) and how many

@@ -14,9 +14,10 @@ of a prompt runs each method once, in an order rotated by one from run to run an
 method always goes first and a burst of load on the machine hits the methods alike. A prompt's time per method is
 the median of its runs; `run_order` records each run's position of the method, `repeat_seconds` the times. Greedy
 decoding is deterministic: every run must emit the same tokens with the same counts; a run that does not is
-reported (`unrepeatable_prompts` in the summary), not hidden.
+reported (`unrepeatable_prompts` in the summary), not hidden (draftsmith.benchmark.interleaved). Each method decodes
+through draftsmith.benchmark.methods: its proposer and its decoder, batch 1 or batched.
 
-Batch sizes (`benchmark.batch_sizes`, draftsmith.benchmark.batch_sizes): size 1 is the loop above, one prompt at a
+Batch sizes (`benchmark.batch_sizes`, draftsmith.config.batch_sizes): size 1 is the loop above, one prompt at a
 time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size B decodes the same prompts (a second
 turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) B at a time, in order,
 with the batched decoders of draftsmith.benchmark.batch_spec (CUDA graphs per row count where the batch-1 loop
@@ -30,35 +31,24 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.batch_sizes import batch_sizes
-from draftsmith.benchmark.batch_spec import (
-    BatchEagle3Proposer,
-    BatchPromptLookupProposer,
-    BatchTarget,
-    batch_greedy_decode,
-    batch_speculative_decode,
-)
+from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget
+from draftsmith.benchmark.interleaved import time_batch_interleaved, time_interleaved
+from draftsmith.benchmark.methods import method_decoders, method_proposers
+from draftsmith.benchmark.proposers import Eagle3Proposer
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
-from draftsmith.benchmark.spec_decode import (
-    Eagle3Proposer,
-    PromptLookupProposer,
-    TargetModel,
-    divergence_gap,
-    greedy_decode,
-    speculative_decode,
-)
+from draftsmith.benchmark.spec_decode import TargetModel, divergence_gap
 from draftsmith.benchmark.step_costs import measure_step_costs
+from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa, prompt_bucket
 from draftsmith.devices import resolve_device, resolve_dtype
+from draftsmith.draft_model import build_draft, load_draft
 from draftsmith.provenance import device_description, package_versions
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
-from draftsmith.training.draft_model import build_draft, load_draft
 
 log = logging.getLogger(__name__)
 
@@ -107,69 +97,6 @@ def untrained_like(trained, target: TargetSpec, aux_layer_ids: list[int], k: int
     )
 
 
-def run_order(methods: list[str], shift: int) -> list[str]:
-    """The methods rotated left by `shift`: run r of prompt i uses shift i + r."""
-    shift %= len(methods)
-    return methods[shift:] + methods[:shift]
-
-
-@dataclass
-class Timed:
-    """One method's runs on one prompt: the first run's trace (its counts), every run's times and positions, and
-    whether every run emitted the same tokens with the same counts."""
-
-    trace: object
-    seconds: list[float] = field(default_factory=list)
-    first_token_seconds: list[float] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    repeatable: bool = True
-
-    def add(self, trace, position: int, k: int) -> None:
-        """One more run: its times and position, and whether it emitted what the first run did."""
-        if trace.tokens != self.trace.tokens or _counts(trace, k) != _counts(self.trace, k):
-            self.repeatable = False
-        self.seconds.append(trace.seconds)
-        self.first_token_seconds.append(trace.first_token_seconds)
-        self.positions.append(position)
-
-    def row(self, k: int) -> dict:
-        firsts = [t for t in self.first_token_seconds if t is not None]
-        return {**self.trace.counts(k), "repeat_seconds": list(self.seconds),
-                "first_token_seconds": statistics.median(firsts) if firsts else None,
-                "run_order": " ".join(map(str, self.positions))}
-
-
-def _counts(trace, k: int) -> dict:
-    """What a run decoded (tokens, forwards, drafts, accepted per position), without its times."""
-    return {key: v for key, v in trace.counts(k).items() if key not in ("seconds", "first_token_seconds")}
-
-
-def time_interleaved(decoders: dict, ids: list[int], repeats: int, shift: int, k: int) -> dict[str, Timed]:
-    """Every method `repeats` times on one prompt, interleaved: run r runs each method once, in the order of
-    `run_order(methods, shift + r)`."""
-    methods = list(decoders)
-    timed: dict[str, Timed] = {}
-    for r in range(repeats):
-        for position, method in enumerate(run_order(methods, shift + r)):
-            trace = decoders[method](ids)
-            timed.setdefault(method, Timed(trace)).add(trace, position, k)
-    return {m: timed[m] for m in methods}
-
-
-def time_batch_interleaved(decoders: dict, batch: list[list[int]], repeats: int, shift: int,
-                           k: int) -> dict[str, list[Timed]]:
-    """time_interleaved for batch decoders (each decodes the whole batch, one trace per row): per method, each row's
-    runs; the rows of a run share its position."""
-    methods = list(decoders)
-    timed: dict[str, list[Timed]] = {}
-    for r in range(repeats):
-        for position, method in enumerate(run_order(methods, shift + r)):
-            traces = decoders[method](batch)
-            for row, trace in zip(timed.setdefault(method, [Timed(t) for t in traces]), traces):
-                row.add(trace, position, k)
-    return {m: timed[m] for m in methods}
-
-
 def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict], cfg: dict, out_per_prompt, out_summary,
                           variant: str) -> dict:
     check_settings(cfg)
@@ -204,17 +131,9 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     stop_ids = stop_token_ids(tokenizer, model)
     ngram = int(cfg["prompt_lookup_ngram"])
 
-    proposers = {"prompt_lookup": PromptLookupProposer(ngram, device),
-                 "eagle3_draft": Eagle3Proposer(trained, cuda_graphs=graphs, tune_kernels=tune)}
-    if "untrained_draft" in methods:
-        proposers["untrained_draft"] = Eagle3Proposer(untrained, cuda_graphs=graphs, tune_kernels=tune)
-
-    def decoder(method: str):
-        if method == BASELINE:
-            return lambda ids: greedy_decode(runner, ids, max_new_tokens, stop_ids)
-        return lambda ids: speculative_decode(runner, proposers[method], ids, k, max_new_tokens, stop_ids)
-
-    decoders = {m: decoder(m) for m in methods}
+    drafts = {"eagle3_draft": trained, **({"untrained_draft": untrained} if "untrained_draft" in methods else {})}
+    proposers = method_proposers(drafts, ngram, device, cuda_graphs=graphs, tune_kernels=tune)
+    decoders = method_decoders(methods, runner, proposers, k, max_new_tokens, stop_ids)
 
     def render(messages):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -396,17 +315,10 @@ def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], 
     graphs = runner.graphs.enabled
     target = BatchTarget(runner, cuda_graphs=graphs)
     tune = runner.graphs.tune
-    proposers = {"prompt_lookup": BatchPromptLookupProposer(int(cfg["prompt_lookup_ngram"]), runner.device),
-                 "eagle3_draft": BatchEagle3Proposer(trained, cuda_graphs=graphs, tune_kernels=tune)}
-    if untrained is not None:
-        proposers["untrained_draft"] = BatchEagle3Proposer(untrained, cuda_graphs=graphs, tune_kernels=tune)
-
-    def decoder(method: str):
-        if method == BASELINE:
-            return lambda batch: batch_greedy_decode(target, batch, max_new_tokens, stop_ids)
-        return lambda batch: batch_speculative_decode(target, proposers[method], batch, k, max_new_tokens, stop_ids)
-
-    decoders = {m: decoder(m) for m in methods}
+    drafts = {"eagle3_draft": trained, **({"untrained_draft": untrained} if untrained is not None else {})}
+    proposers = method_proposers(drafts, int(cfg["prompt_lookup_ngram"]), runner.device, batched=True,
+                                 cuda_graphs=graphs, tune_kernels=tune)
+    decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, batched=True)
     pids = list(rendered)
     batches = [pids[i : i + size] for i in range(0, len(pids), size)]
     # buffers for each batch's row count, sized for the longest prompt, and every step shape captured before timing

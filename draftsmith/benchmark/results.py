@@ -2,8 +2,11 @@
 
 `per_prompt.csv` has one row per (prompt, method, batch size); `summary.json` aggregates per method, and within
 each method per prompt category (MT-Bench's eight, the synthetic task families, or "all"), with `per_batch_size`
-and `pays_up_to` per method (draftsmith.benchmark.batch_sizes; both backends measure every size of
-`benchmark.batch_sizes`, the offline one with batched decoding above size 1).
+and `pays_up_to` per method (both backends measure every size of `benchmark.batch_sizes`: draftsmith.config.batch_sizes,
+the offline one with batched decoding above size 1). Per method, `per_batch_size` holds {size: {tokens_per_s, speedup,
+acceptance_length, ...}} (JSON keys are strings), the speedup against target-only greedy at the same size; `pays_up_to`
+is the largest size up to which the method beats target-only greedy at every measured size (null where it does not
+beat it at the smallest).
 Acceptance length is tokens generated per target forward pass, the bonus token included (each prompt's
 forward counts, and yields one token); `tokens_per_drafted_round` is 1 + accepted draft tokens per draft,
 the tokens a round with a proposal yields (the acceptance length the EAGLE papers report). Besides the
@@ -27,7 +30,6 @@ import statistics
 import numpy as np
 import pandas as pd
 
-from draftsmith.benchmark.batch_sizes import add_per_batch_size
 from draftsmith.io import atomic_path, write_json
 
 BASELINE = "target_greedy"
@@ -179,6 +181,43 @@ def summarise(df: pd.DataFrame, k: int) -> dict:
             category: {key: value for key, value in _aggregate(c, base[base["category"] == category], k).items()
                        if key in ("prompts", "acceptance_length", "new_tokens", "speedup", "decode_speedup", "speedup_range")}
             for category, c in g.groupby("category", sort=True)}
+    return methods
+
+
+def _known(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def pays_up_to(per_batch_size: dict) -> int | None:
+    """The largest size up to which the speedup is above 1 at every measured size; None where it is not at the
+    smallest (or unknown there)."""
+    best = None
+    for size in sorted(per_batch_size, key=int):
+        speedup = per_batch_size[size].get("speedup")
+        if not _known(speedup) or speedup <= 1:
+            break
+        best = int(size)
+    return best
+
+
+def per_batch_size_entry(method_entry: dict) -> dict:
+    """The figures of one method at one size, from that size's summary entry."""
+    keys = ("tokens_per_s", "speedup", "acceptance_length", "prompts", "new_tokens", "seconds")
+    return {key: method_entry.get(key) for key in keys}
+
+
+def add_per_batch_size(by_size: dict[int, dict[str, dict]], baseline: str,
+                       extras: dict[int, dict[str, dict]] | None = None) -> dict[str, dict]:
+    """The summary's methods: those of the smallest size, each with `per_batch_size` (every size's figures, with
+    `extras[size][method]` added) and, for each method but the baseline, `pays_up_to`."""
+    sizes = sorted(by_size)
+    methods = by_size[sizes[0]]
+    for method, entry in methods.items():
+        entry["per_batch_size"] = {str(s): {**per_batch_size_entry(by_size[s][method]),
+                                            **((extras or {}).get(s, {}).get(method) or {})}
+                                   for s in sizes if method in by_size[s]}
+        if method != baseline:
+            entry["pays_up_to"] = pays_up_to(entry["per_batch_size"])
     return methods
 
 

@@ -11,11 +11,7 @@ last draft) is appended as the bonus token. Every emitted token is the target's 
 the output equals target-only greedy decoding up to floating-point ties. The same rounds for several prompts
 decoded together are draftsmith.benchmark.batch_spec.
 
-EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`):
-draft position t reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and
-predicts x[t+2]; each further chain step feeds the embedding of the token just drafted with
-the draft's own last-layer output (before `norm`) at the next position id, attending to the
-verified context and to its own chain. Draft token d maps to target token d + d2t[d].
+The proposers (prompt lookup, EAGLE-3 chain drafts) are draftsmith.benchmark.proposers.
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ import functools
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
-from draftsmith.decoding import draft_kernels
 from draftsmith.decoding.static_cache import (
     SPAN_GRANULE,
     StaticKV,
@@ -326,172 +320,3 @@ def divergence_gap(target: TargetModel, prompt_ids: list[int], tokens: list[int]
     row = logits[-1].float()
     return {"position": i, "greedy_token": reference[i], "emitted_token": tokens[i],
             "logit_gap": float(row[reference[i]] - row[tokens[i]])}
-
-
-def prompt_lookup_candidates(context: list[int], k: int, max_ngram: int) -> list[int]:
-    """Up to k tokens that followed the earliest earlier occurrence of the context's last n tokens,
-    trying the longest n (<= max_ngram) first; [] when no n-gram recurs."""
-    tokens = np.asarray(context)
-    length = len(tokens)
-    for n in range(min(max_ngram, length - 1), 0, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # starts 0..length-1-n
-        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[0]) + n
-            return list(context[start : start + k])
-    return []
-
-
-class PromptLookupProposer:
-    """Prompt-lookup (n-gram) decoding: drafts copied from the prompt and the text generated so far."""
-
-    needs_aux = False
-
-    def __init__(self, max_ngram: int, device: torch.device):
-        if max_ngram < 1:
-            raise ValueError(f"prompt_lookup_ngram must be >= 1, got {max_ngram}")
-        self.max_ngram = max_ngram
-        self.device = device
-
-    def start(self, next_tokens, aux, capacity: int) -> None:
-        pass
-
-    def propose(self, context: list[int], k: int) -> torch.Tensor:
-        return torch.tensor(prompt_lookup_candidates(context, k, self.max_ngram), dtype=torch.long, device=self.device)
-
-    def accept(self, next_tokens, aux) -> None:
-        pass
-
-
-def use_sdpa(draft) -> None:
-    """Decode with SDPA and a KV cache; the checkpoint's layer config asks for speculators' FlexAttention (training)."""
-    draft.config.transformer_layer_config._attn_implementation = "sdpa"
-    for layer in draft.layers:
-        layer.self_attn.config._attn_implementation = "sdpa"
-
-
-def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, first_slot: torch.Tensor | None,
-                         cache: StaticKV | None) -> torch.Tensor:
-    """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) written at cache
-    slots first_slot.. (a device scalar [1]), at position ids one more than the slots (EAGLE-3's shift); each
-    attends to the cache's slots before it. Without a cache: slots 0..n-1, causal among themselves.
-    Returns the last layer's output before `norm` ([1, n, H])."""
-    n = token_ids.shape[1]
-    if cache is None:
-        slots = torch.arange(n, device=hidden.device)
-        mask = causal_mask(0, n, hidden.device) if n > 1 else None
-    else:
-        slots, mask = positions_and_mask(first_slot, n, cache.max_length)
-    return draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
-
-
-def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                 cache_position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
-    """The draft's decoder layers on `cat(embed(token_ids), hidden)` ([B, n], [B, n, H]) at `position_ids` ([B, n]),
-    the caller's `mask` and cache (`cache_position`: where a StaticKV writes). Returns the last layer's output
-    before `norm` ([B, n, H])."""
-    states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
-    position_embeddings = draft.rotary_emb(states, position_ids)
-    for layer in draft.layers:
-        states = layer(states, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                       use_cache=cache is not None, cache_position=cache_position,
-                       position_embeddings=position_embeddings)
-    return states
-
-
-class Eagle3Proposer:
-    """Chain drafts from a speculators Eagle3DraftModel fed with the target's auxiliary hidden states.
-
-    The draft's static KV cache holds one entry per verified position (step 0, target states); a round's
-    chain entries sit after them and are overwritten by the next round's verified ones. A round (the newly
-    verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay;
-    the prompt's round too, padded to the target's prompt buckets (the padding's slots, like the chain's, are
-    overwritten before anything attends to them). `tune_kernels`: as TargetModel's. `fewer_kernels`: the draft's
-    norms fused and its rotary embedding a table (draftsmith.decoding.draft_kernels; off: its modules as built).
-    """
-
-    needs_aux = True
-
-    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False, fewer_kernels: bool = True):
-        use_sdpa(draft)
-        if fewer_kernels:
-            draft_kernels.fewer_kernels(draft)
-        self.draft = draft
-        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
-        self.cache: StaticKV | None = None
-        device = next(draft.parameters()).device
-        # device scalars for captured rounds: the first free slot, and how many of the round's inputs are real
-        self._verified = torch.zeros(1, dtype=torch.long, device=device)
-        self._count = torch.zeros(1, dtype=torch.long, device=device)
-
-    def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, capacity: int) -> None:
-        """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last; the cache
-        holds `capacity` positions."""
-        self.reserve(capacity)
-        self.verified = 0  # step-0 entries in the cache
-        self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
-
-    def reserve(self, capacity: int) -> None:
-        """A cache of at least `capacity` positions (a larger one drops the captured rounds)."""
-        self.cache = reserved(self.cache, capacity, self.graphs)
-
-    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
-    def capture_rounds(self, k: int, longest_prompt: int) -> None:
-        """Capture now the prompt's round for each bucket up to `longest_prompt`'s and the round after each
-        possible verification (1..k+1 newly verified positions). Reserve the cache the decodes need first:
-        growing it later drops these graphs."""
-        if not self.graphs.enabled:
-            return
-        fc = self.draft.fc
-
-        def zeros(n: int):
-            return (torch.zeros((1, n), dtype=torch.long, device=fc.weight.device),
-                    torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
-
-        buckets = prompt_buckets(longest_prompt)
-        self.reserve(buckets[-1] + (k + 1) * (k + 2) // 2 + k)
-        for bucket in buckets:
-            self.start(*zeros(bucket), capacity=bucket + k)
-            self.propose([], k)
-        for n in range(1, k + 2):
-            self.accept(*zeros(n))
-            self.propose([], k)
-
-    def propose(self, context: list[int], k: int) -> torch.Tensor:
-        n = self.pending_tokens.shape[1]
-        if self.verified + n + k > self.cache.max_length:
-            raise ValueError(f"the draft's KV cache holds {self.cache.max_length} positions; "
-                             f"{self.verified} + {n} + {k} asked for")
-        self._verified.fill_(self.verified)
-        self._count.fill_(n)
-        draft_round = functools.partial(self._round, k=k)
-        tokens, aux = self.pending_tokens, self.pending_aux
-        bucket = prompt_bucket(n)
-        if self.verified and n <= k + 1:  # a round after a verification
-            drafted = self.graphs.run((n, k), draft_round, tokens, aux)
-        elif not self.verified and self.graphs.enabled and bucket + k <= self.cache.max_length:  # a prompt, padded
-            pad = torch.nn.functional.pad
-            drafted = self.graphs.run(("prompt", bucket, k), draft_round, pad(tokens, (0, bucket - n)),
-                                      pad(aux, (0, 0, 0, bucket - n)), tune=False)
-        else:
-            drafted = draft_round(tokens, aux)
-        self.verified += n
-        return drafted
-
-    def _round(self, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> torch.Tensor:
-        """k chain drafts after the round's first `_count` inputs (the rest is padding) written at `_verified`."""
-        draft = self.draft
-        out = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)
-        hidden = out.index_select(1, self._count - 1)  # the last real input's state, without a host sync
-        drafted = []
-        for step in range(k):
-            token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [1, 1], draft vocabulary
-            token = token + draft.d2t[token]
-            drafted.append(token)
-            if step + 1 < k:
-                hidden = draft_layers_forward(draft, token, hidden, self._verified + self._count + step, self.cache)
-        return torch.cat(drafted, dim=-1).view(-1)
-
-    def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
-        """next_tokens: the accepted drafts and the bonus token; aux: target states at the positions before them."""
-        self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux

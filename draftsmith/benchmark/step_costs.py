@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from draftsmith.benchmark.spec_decode import Eagle3Proposer, TargetModel, synchronize
+from draftsmith.benchmark.proposers import Eagle3Proposer
+from draftsmith.benchmark.spec_decode import TargetModel, synchronize
 
 REPEATS = 20
 

@@ -2,7 +2,7 @@
 
 Two servers on the same prompts: the target alone (`target_greedy`), then the target with the draft (`eagle3_draft`,
 `--speculative-config` with method eagle3 and k from config). Each is started once and runs the prompts at every
-batch size of `benchmark.batch_sizes` in turn (draftsmith.benchmark.batch_sizes; without it, the one size
+batch size of `benchmark.batch_sizes` in turn (draftsmith.config.batch_sizes; without it, the one size
 `concurrency`): that many requests in flight, the next sent as one finishes. Throughput comes from the responses
 (completion tokens over request time at size 1, over the size's wall time above it); acceptance from vLLM's Prometheus
 spec-decode counters, read before and after each size. At size 1 they are also read before and after each request,
@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from draftsmith.benchmark.batch_sizes import add_per_batch_size, batch_sizes
 from draftsmith.benchmark.prometheus import counter_delta
 from draftsmith.benchmark.results import (
     BASELINE,
     accept_columns,
+    add_per_batch_size,
     finish_rows,
     summarise,
 )
@@ -41,6 +41,7 @@ from draftsmith.benchmark.vllm_server import (
     serve_command,
     speculative_config,
 )
+from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.devices import gpu_name
 from draftsmith.io import atomic_path, read_json, sha256_bytes, write_json
 from draftsmith.provenance import device_description, package_versions
@@ -202,7 +203,7 @@ def size_checks(entry: dict, totals: dict, size: int, prompts: int) -> dict:
 
 def summarise_sweep(rows: list[dict], runs: dict, k: int, sizes: list[int], prompts: int) -> tuple:
     """The per-prompt table of every size and the summary's methods: each method's figures at the smallest size, every
-    size's in `per_batch_size` (draftsmith.benchmark.batch_sizes), the counters over all sizes, and whether the sizes'
+    size's in `per_batch_size` (draftsmith.benchmark.results.add_per_batch_size), the counters over all sizes, and whether the sizes'
     counters add up to them."""
     import pandas as pd
 

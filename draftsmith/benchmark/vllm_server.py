@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from draftsmith.benchmark.batch_sizes import batch_sizes
 from draftsmith.benchmark.prometheus import spec_decode_counters
+from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.devices import visible_gpu_count
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.vllm_stack.probes import CPU_TEST_WORKER

@@ -162,9 +162,9 @@ def check_config(config: dict, files) -> list[str]:
 def _between_keys(config: dict) -> list[tuple[tuple, str]]:
     """Problems the schema cannot say in one line: a dataset of prompts without replies that is not regenerated,
     self_prompts.min_words above max_words, benchmark.batch_sizes out of order or beside concurrency or batch_size
-    (draftsmith.benchmark.batch_sizes)."""
-    from draftsmith.benchmark.batch_sizes import batch_size_problems
-    from draftsmith.data.prompt_sets import PROMPT_SETS
+    (draftsmith.config.batch_sizes)."""
+    from draftsmith.config.batch_sizes import batch_size_problems
+    from draftsmith.config.sources import PROMPT_SETS
 
     problems = []
     datasets = config.get("datasets")

@@ -4,7 +4,7 @@
 `llm_judge/data/mt_bench/question.jsonl` (80 questions, 8 categories of 10, 2 turns each) and
 `data/dummy_conversation.json` (500 ShareGPT-format conversations). MT-Bench is the benchmark
 prompt set; the conversations' user turns are training prompts for self-distillation (the target
-writes the replies, see draftsmith/data/regenerate.py).
+writes the replies, see draftsmith/generation/driver.py).
 
 Note on the training prompts: the 500 conversations are all FastChat "identity" dialogues
 (ids identity_0..499) with only 54 distinct user turns ("Who are you?", "Are you GPT-3?",

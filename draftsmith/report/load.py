@@ -20,7 +20,7 @@ STATS_FIELDS = ["records_read", "records_kept", "records_skipped", "skipped_by_r
                 "tokens", "assistant_tokens", "seq_length"]
 REGENERATE_FIELDS = ["records_read", "dropped_by_reason"]  # the `regenerate` section of a regenerated dataset's stats
 ANSWER_CHECK_FIELDS = ["num_answers", "cut_at_max_new_tokens", "repetitive_answers"]  # optional in that section
-# its `self_prompts` section, for a dataset of prompts the target wrote (draftsmith.data.self_prompts)
+# its `self_prompts` section, for a dataset of prompts the target wrote (draftsmith.generation.self_prompts)
 SELF_PROMPTS_FIELDS = ["candidates", "dropped_by_reason", "beyond_num_prompts"]
 MANIFEST_FIELDS = ["shard", "num_samples", "num_tokens", "device"]
 TRAINING_DATA_FIELDS = ["data_fraction", "train_samples", "train_tokens", "val_samples"]
@@ -106,7 +106,7 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
 
 
 def load_batch_sizes(summaries: dict[str, dict]) -> pd.DataFrame:
-    """One row per (variant, method, batch size) from each summary's per_batch_size (draftsmith.benchmark.batch_sizes),
+    """One row per (variant, method, batch size) from each summary's per_batch_size (draftsmith.benchmark.results),
     with the method's pays_up_to; a summary written without it counts as its one size (concurrency, else 1)."""
     rows = []
     for variant, summary in summaries.items():

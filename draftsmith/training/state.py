@@ -1,7 +1,7 @@
 """The training state directory: speculators' checkpoints, the metrics CSV and a fingerprint of the inputs.
 
 `state_dir/checkpoints/<epoch>/` holds what speculators' Trainer saves each epoch, `metrics.csv` what
-`trainer.MetricsCSV` logs, `fingerprint.json` everything that determines the trained weights. A run
+`metrics.MetricsCSV` logs, `fingerprint.json` everything that determines the trained weights. A run
 resumes only when the fingerprint is unchanged and the last checkpoint holds draftsmith's exact resume state
 (`checkpoints/<epoch>/resume/`: full-precision weights, RNG states, step counter, learning rates; the
 optimizer state beside it is full precision too); the last epoch's checkpoint is the variant's draft.

@@ -21,10 +21,10 @@ draftsmith adds only what speculators 0.3.0 lacks, each chosen by probing:
   learning rates, restored just before the first resumed epoch. The uniform noise on the
   auxiliary states is drawn per sample from a generator seeded by (seed, epoch, sample index),
   not from the process-wide generator (DataLoader workers' generators cannot be saved), so it
-  is the same in a resumed run whatever the worker count. On CPU a resumed run reproduces an
-  uninterrupted one bit for bit.
+  is the same in a resumed run whatever the worker count (draftsmith.training.loader). On CPU a resumed run
+  reproduces an uninterrupted one bit for bit (the checkpoint files: draftsmith.training.checkpoints).
 - Metrics: the Trainer logs to the `speculators.metrics` logger; a handler writes them to a
-  CSV (per step and per epoch) and drives a plain tqdm bar.
+  CSV (per step and per epoch) and drives a plain tqdm bar (draftsmith.training.metrics).
 - Matmul precision: the draft trains in float32, and PyTorch's default runs float32 matmuls
   without tensor cores (on an H200 most of a step went to SIMT sgemm kernels).
   `training.tf32` (default on) runs them, and FlexAttention's, in TF32 for the training run.
@@ -34,31 +34,33 @@ the final norm (speculators 0.3.0's own generator stored it before the norm).
 
 from __future__ import annotations
 
-import csv
-import errno
-import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import subprocess
 import sys
-import time
-import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from draftsmith.compiling import compile_totals, describe
-from draftsmith.extraction.shards import read_manifest, shard_files, validate_shard
-from draftsmith.io import atomic_path, write_json
+from draftsmith.extraction.shards import read_manifest, validate_shard
+from draftsmith.io import write_json
 from draftsmith.provenance import same_model
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.training.acceptance import PREDICTED, full_accuracies, predicted_acceptance_length
+from draftsmith.training.checkpoints import (
+    checkpoint_bytes,
+    checkpoint_disk_errors,
+    load_full_weights,
+    rng_states,
+    set_rng_states,
+    write_checkpoint_files,
+)
+from draftsmith.training.loader import make_loader, training_split
+from draftsmith.training.metrics import MetricsCSV, final_validation
 from draftsmith.training.state import (
     CHECKPOINTS,
     METRICS,
@@ -109,302 +111,6 @@ def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor
     if d2t.shape[0] > target_config.vocab_size:
         raise TrainingInputError(f"draft vocabulary {d2t.shape[0]} is larger than the target's {target_config.vocab_size}")
     return facts
-
-
-def split_train_val(files: list[str], lengths: list[int], val_fraction: float, seed: int):
-    order = list(range(len(files)))
-    random.Random(seed).shuffle(order)
-    n_val = int(round(val_fraction * len(files))) if len(files) > 1 else 0
-    n_val = min(max(n_val, 1 if val_fraction > 0 and len(files) > 1 else 0), len(files) - 1)
-    val, train = sorted(order[:n_val]), sorted(order[n_val:])
-    return ([files[i] for i in train], [lengths[i] for i in train]), ([files[i] for i in val], [lengths[i] for i in val])
-
-
-def training_split(manifest_paths: list[str], cfg: dict):
-    """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
-    `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
-    manifests = [read_manifest(p) for p in manifest_paths]
-    files = shard_files(manifest_paths)
-    lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
-    (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
-    if cfg["data_fraction"] < 1:
-        n = max(1, round(cfg["data_fraction"] * len(train_files)))
-        keep = sorted(random.Random(f"{cfg['seed']}:data_fraction").sample(range(len(train_files)), n))
-        train_files, train_lengths = [train_files[i] for i in keep], [train_lengths[i] for i in keep]
-    return manifests, (train_files, train_lengths), val
-
-
-def noise_seed(seed: int, epoch: int, index: int) -> int:
-    digest = hashlib.sha256(f"draftsmith-noise:{seed}:{epoch}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-class SampleSeededNoise:
-    """speculators' `AddUniformNoise` (`x + 2 * (U[0, 1) - 0.5) * std` on the named tensors, applied by its dataset
-    before the one-token shift) with the random numbers drawn from a generator seeded by (seed, epoch, sample index)
-    instead of the process-wide torch generator, so the noise a sample gets in an epoch does not depend on what ran
-    before: not on the epochs a resumed run skipped, nor on which DataLoader worker (each with its own generator,
-    which cannot be saved) loads it.
-
-    `key` is (epoch, index), set by `SampleKeyedDataset` around each load; with no key (the dataset's own length
-    probe at construction) no noise is added."""
-
-    def __init__(self, std: float, seed: int, tensors=("hidden_states",)):
-        self.std, self.seed, self.tensors, self.key = std, seed, tensors, None
-
-    def __call__(self, data):
-        if self.key is None:
-            return data
-        generator = torch.Generator().manual_seed(noise_seed(self.seed, *self.key))
-        for name in self.tensors:
-            x = data[name]
-            data[name] = x + 2 * (torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5) * self.std
-        return data
-
-
-class SampleKeyedDataset(torch.utils.data.Dataset):
-    """Loads `(epoch, index)` keys from `EpochTaggedBatchSampler`: sets the noise key, then loads sample `index`."""
-
-    def __init__(self, dataset, noise: SampleSeededNoise):
-        self.dataset, self.noise = dataset, noise
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, key):
-        self.noise.key = key
-        try:
-            return self.dataset[key[1]]
-        finally:
-            self.noise.key = None
-
-
-class EpochTaggedBatchSampler(torch.utils.data.Sampler):
-    """The batches of speculators' epoch-seeded sampler, each index tagged with the epoch: `[(epoch, index), ...]`."""
-
-    def __init__(self, batch_sampler):
-        self.batch_sampler, self.epoch = batch_sampler, 0
-
-    def set_epoch(self, epoch: int):
-        self.epoch = epoch
-        self.batch_sampler.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-    def __iter__(self):
-        epoch = self.epoch
-        return ([(epoch, int(i)) for i in batch] for batch in self.batch_sampler)
-
-
-def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory):
-    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
-    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-    from torch.utils.data import DataLoader
-
-    # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
-    noise = SampleSeededNoise(noise_std, seed, tensors=("hidden_states",)) if noise_std > 0 else None
-    dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=files, transform=noise)
-    sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=total_seq_length,
-        lengths=[n - 1 for n in lengths],  # exact lengths from the manifests (after the one-token shift)
-        num_replicas=world_size,
-        rank=rank,
-        seed=seed,
-    )
-    if noise is not None:
-        dataset, sampler = SampleKeyedDataset(dataset, noise), EpochTaggedBatchSampler(sampler)
-    return DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        collate_fn=create_collate_fn(total_seq_length),
-        persistent_workers=num_workers > 0,
-        prefetch_factor=4 if num_workers > 0 else None,
-    )
-
-
-class MetricsCSV(logging.Handler):
-    """Receives speculators' metric records; appends rows to a CSV and advances a progress bar. Each validation row
-    also gets the chain acceptance length its full accuracies predict (draftsmith.training.acceptance), which the log
-    line of that validation says too."""
-
-    def __init__(self, path: Path, variant: str, ttt_steps: int, bar: tqdm | None):
-        super().__init__()
-        self.path, self.variant, self.bar = path, variant, bar
-        self.started, self.first_step_seen = time.monotonic(), False
-        keys = [f"{kind}_{i}" for kind in ("loss", "full_acc", "cond_acc") for i in range(ttt_steps)]
-        # wall: the Unix time the record arrived, so step times and pauses (validation, checkpoints) show in the CSV
-        self.columns = ["variant", "split", "epoch", "step", "lr", "loss"] + keys + [PREDICTED, "wall"]
-        if not self.path.exists():
-            with open(self.path, "w", newline="") as f:
-                csv.writer(f).writerow(self.columns)
-        else:
-            upgrade_metrics_header(self.path, self.columns)
-
-    def emit(self, record: logging.LogRecord):
-        msg, step = record.msg, getattr(record, "step", None)
-        if not isinstance(msg, dict):
-            return
-        if "train" in msg:
-            row = {"split": "train", "lr": msg.get("lr"), **msg["train"]}
-            if not self.first_step_seen:  # compiling and the first batch's loading: on a GPU, minutes
-                self.first_step_seen = True
-                log.info("first optimizer step done %.1f s after training started", time.monotonic() - self.started)
-            if self.bar is not None:
-                self.bar.update(1)
-                self.bar.set_postfix(epoch=msg["epoch"], loss=f"{msg['train'].get('loss', float('nan')):.3f}")
-        elif "val" in msg:
-            row = {"split": "val", **{k.removesuffix("_epoch"): v for k, v in msg["val"].items()}}
-            accs = full_accuracies(row)
-            row[PREDICTED] = predicted = predicted_acceptance_length(accs)
-            said = ("no full accuracies to predict acceptance from" if predicted is None else
-                    f"predicted acceptance length {predicted:.3f} tokens per drafted round (1 + full accuracies "
-                    + " + ".join(f"{a:.3f}" for a in accs) + ")")
-            log.info("epoch %d validation: %s; %s", msg["epoch"], said,
-                     ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k not in ("split", PREDICTED)))
-        else:
-            return
-        row.update(variant=self.variant, epoch=msg["epoch"], step=step, wall=f"{time.time():.3f}")
-        with open(self.path, "a", newline="") as f:
-            csv.writer(f).writerow([row.get(c, "") for c in self.columns])
-
-
-def upgrade_metrics_header(path: Path, columns: list[str]) -> None:
-    """A metrics.csv an older draftsmith wrote (a resumed run) rewritten with today's columns: its rows keep their
-    values by column name, and its validation rows get the predicted acceptance length."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        if reader.fieldnames == columns:
-            return
-    for row in rows:
-        if row.get("split") == "val" and not row.get(PREDICTED):
-            predicted = predicted_acceptance_length(full_accuracies(row))
-            row[PREDICTED] = "" if predicted is None else repr(predicted)
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def final_validation(metrics_path: Path) -> dict | None:
-    """The last validation row of a metrics.csv: epoch, step, loss, full and conditional accuracy per TTT step, and
-    the acceptance length they predict; None where training held no samples out."""
-    with open(metrics_path, newline="") as f:
-        val = [r for r in csv.DictReader(f) if r["split"] == "val"]
-    if not val:
-        return None
-    last = val[-1]
-    steps = len(full_accuracies(last))
-    accs = [float(last[f"full_acc_{i}"]) for i in range(steps)]
-    return {"epoch": int(last["epoch"]), "step": int(last["step"]) if last["step"] else None,
-            "loss": float(last["loss"]), "full_acc": accs,
-            "cond_acc": [float(last[f"cond_acc_{i}"]) for i in range(steps)],
-            PREDICTED: predicted_acceptance_length(accs)}
-
-
-def rng_states(device: torch.device) -> dict:
-    """Every process-wide RNG state the remaining epochs could draw from (in types `torch.load(weights_only=True)` reads)."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
-              "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device)
-    return states
-
-
-def set_rng_states(states: dict, device: torch.device) -> None:
-    torch.set_rng_state(states["torch"])
-    version, internal, gauss_next = states["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    n = states["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(states["cuda"], device)
-
-
-def write_checkpoint_files(model, model_state: dict, optimizer_state: dict, directory: Path, optimizer_path: Path,
-                           float_dtype: torch.dtype) -> None:
-    """What speculators' checkpointers write, plus the full-precision weights; the optimizer state is not demoted."""
-    from safetensors.torch import save_file
-    from speculators.train.checkpointer import convert_float_dtype
-
-    # the served draft, exactly as speculators 0.3.0 writes it (bfloat16 by default)
-    model.save_pretrained(directory, state_dict=convert_float_dtype(model_state, float_dtype))
-    skip = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # the verifier's lm_head, rebuilt from the target
-    (directory / RESUME_DIR).mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items() if k not in skip},
-              directory / RESUME_DIR / RESUME_WEIGHTS)
-    torch.save(optimizer_state, optimizer_path)
-
-
-def load_full_weights(model, path: Path, device: str) -> dict:
-    """The full-precision weights of a checkpoint, checked to cover the model (all but the keys it never saves)."""
-    from speculators.train.checkpointer import load_safetensors_state_dict
-
-    state = load_safetensors_state_dict(path, device)
-    expected = set(model.state_dict()) - set(getattr(model, "_keys_to_ignore_on_save", None) or ())
-    if set(state) != expected:
-        raise RuntimeError(f"{path}: weights do not match the model (missing {sorted(expected - set(state))}, "
-                           f"unexpected {sorted(set(state) - expected)})")
-    return state
-
-
-def checkpoint_bytes(model, optimizer) -> int:
-    """About what one checkpoint takes (write_checkpoint_files): the served weights in bfloat16, the weights and the
-    optimizer state in their own dtypes."""
-    weights = list(model.state_dict().values())
-    optimizer_tensors = [v for state in optimizer.state_dict().get("state", {}).values() for v in state.values()
-                         if isinstance(v, torch.Tensor)]
-    return sum(t.numel() * 2 for t in weights if t.is_floating_point()) + sum(
-        t.numel() * t.element_size() for t in weights + optimizer_tensors)
-
-
-def _chain(error: BaseException):
-    """`error` and the exceptions it was raised from or while handling."""
-    todo, seen = [error], set()
-    while todo:
-        e = todo.pop()
-        if e is not None and id(e) not in seen:
-            seen.add(id(e))
-            yield e
-            todo += [e.__cause__, e.__context__]
-
-
-def _names_enospc(error: BaseException) -> bool:
-    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
-               or "os error 28" in str(e) for e in _chain(error))
-
-
-@contextmanager
-def checkpoint_disk_errors(target: Path, needed_bytes, epoch: int):
-    """Around the save of one checkpoint into `target` (a staging directory): a failure removes the partial
-    save and, when it was for want of space (ENOSPC anywhere in the error's chain, or less room left on the
-    filesystem than the checkpoint needs), re-raises it as OSError(ENOSPC) naming the path and the bytes
-    needed. torch.save's own error on a full disk says only "enforce fail at inline_container.cc"."""
-    try:
-        yield
-    except Exception as e:
-        # the finished frames of the failed save hold its open files (torch.save's writer): let them go, so that the
-        # partial save's space comes back and the free space below is what the next attempt will find
-        for error in _chain(e):
-            traceback.clear_frames(error.__traceback__)
-        shutil.rmtree(target, ignore_errors=True)  # nothing half-written left
-        existing = next((p for p in (target, *target.parents) if p.exists()), Path("/"))
-        free = shutil.disk_usage(existing).free
-        try:
-            needed = int(needed_bytes())
-        except Exception:  # noqa: BLE001 - the estimate must not hide the original error
-            needed = 0
-        if _names_enospc(e) or free < needed:
-            raise OSError(errno.ENOSPC, f"No space left on device: saving the checkpoint of epoch {epoch} into {target} "
-                          f"needs about {needed} bytes, {free} are free there ({type(e).__name__}: {e}). Earlier "
-                          "checkpoints are intact: free space and re-run, and training resumes from the last one",
-                          str(target)) from e
-        raise
 
 
 def make_trainer_class():
@@ -556,8 +262,8 @@ def run_training(args: dict) -> None:
     from speculators.train.trainer import TrainerConfig
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed
 
+    from draftsmith.draft_model import build_draft
     from draftsmith.training.attention import flex_attention_trains_on
-    from draftsmith.training.draft_model import build_draft
 
     cfg = args["training"]
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()

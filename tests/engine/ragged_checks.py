@@ -40,7 +40,8 @@ def decoder_against_span(target_dir: str) -> None:
     from test_batch_decoding import QUESTIONS, rendered
     from transformers import AutoTokenizer
 
-    from draftsmith.decoding.batch import BatchDecoder, Sampling
+    from draftsmith.decoding.batch import BatchDecoder
+    from draftsmith.decoding.sampling import Sampling
     from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
     model = TargetSpec(target_dir).load_causal_lm(torch.float32).eval()

@@ -20,9 +20,9 @@ from engine_support import ENGINE_TARGET, skip_module_unless_engine_runs
 
 skip_module_unless_engine_runs()
 
-from draftsmith.data import regenerate as regen  # noqa: E402
-from draftsmith.data.regenerate_hf import HFBackend  # noqa: E402
-from draftsmith.data.regenerate_vllm import VllmBackend  # noqa: E402
+from draftsmith.generation import driver as regen  # noqa: E402
+from draftsmith.generation.hf_backend import HFBackend  # noqa: E402
+from draftsmith.generation.vllm_backend import VllmBackend  # noqa: E402
 from draftsmith.io import read_json, read_jsonl  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids  # noqa: E402
 from draftsmith.vllm_stack.installed import vllm_install_problem  # noqa: E402

@@ -22,8 +22,9 @@ import logging
 import torch
 from transformers import LogitsProcessor
 
-from draftsmith.decoding.batch import BatchDecoder, Sampling
+from draftsmith.decoding.batch import BatchDecoder
 from draftsmith.decoding.ragged_attention import ragged_attention_available
+from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.static_cache import full_attention_sdpa
 from draftsmith.target_model.spec import TargetSpec
 

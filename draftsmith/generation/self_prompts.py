@@ -6,7 +6,7 @@ content is a sentinel (`SENTINEL`) with the tokenizer's chat template, without a
 the text where the sentinel starts: whatever the template puts before a user turn (its default system turn where
 it adds one, e.g. SmolLM2's) is in the prefix. The target samples from there until an end-of-turn token (the
 stop tokens regenerate uses) or `max_new_tokens`, through the same backends as regenerate
-(draftsmith.data.regenerate.BACKENDS: `generate(requests, gen, progress)`, `prompt_limit`, `close`); each
+(draftsmith.generation.driver.BACKENDS: `generate(requests, gen, progress)`, `prompt_limit`, `close`); each
 candidate is seeded by (seed, dataset name, candidate index) alone (`candidate_seed`), so a candidate does not
 depend on chunks, batches or the backend's scheduling, and the same config writes the same file.
 
@@ -15,16 +15,9 @@ pass every check are the prompts. Sampling stops once they are found, or after `
 max_candidates_factor` candidates (a warning then says how many passed and why the others did not). A chunk is
 sized from the share of candidates that passed so far (the first: num_prompts plus a tenth), at most
 `chunk_size`, so that few candidates are sampled beyond what is needed; which candidates become the prompts does
-not depend on how they were chunked. Each candidate fails at most one check, the first of (`FILTERS`):
-
-- `empty`: nothing but whitespace (the target ended the turn at once);
-- `repetitive`: stuck in a loop (draftsmith.data.answer_checks.is_repetitive, on its token ids);
-- `cut_at_max_new_tokens`: no end-of-turn token within `max_new_tokens` (finish_reason `length`);
-- `too_short` / `too_long`: fewer than `min_words` or more than `max_words` words (whitespace-separated);
-- `benchmark_overlap`: the same text as a benchmark prompt, or heavily overlapping one (`BenchmarkOverlap`: every
-  turn of MT-Bench's 80 questions, both turns), so that no benchmark prompt is trained on;
-- `duplicate`: the same prompt as an earlier one that passed (draftsmith.data.regenerate.prompt_text_key: case
-  and runs of whitespace aside).
+not depend on how they were chunked. Each candidate fails at most one check, the first of
+draftsmith.generation.prompt_filters.FILTERS (empty, repetitive, cut at max_new_tokens, too short or long, a
+benchmark prompt or mostly one, a duplicate).
 Candidates sampled after the `num_prompts`-th prompt was found are counted as `beyond_num_prompts`, so that
 `candidates = prompts + dropped + beyond_num_prompts` in the stats.
 
@@ -49,17 +42,16 @@ import logging
 import math
 import shutil
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
-from draftsmith.config.workflow import section_defaults
-from draftsmith.data.answer_checks import is_repetitive
-from draftsmith.data.regenerate import (
-    RegenerateSetupError,
-    fingerprint_of,
-    make_backend,
-    prompt_text_key,
-    regenerate_stats_path,
+from draftsmith.data.regenerated import regenerate_stats_path
+from draftsmith.generation.driver import RegenerateSetupError, fingerprint_of, make_backend
+from draftsmith.generation.prompt_filters import (
+    DEFAULTS,
+    OVERLAP_MIN_SHARED,
+    OVERLAP_NGRAM,
+    BenchmarkOverlap,
+    PromptFilter,
 )
 from draftsmith.io import read_json, read_jsonl, sha256_file, write_json, write_jsonl
 from draftsmith.provenance import changed_keys
@@ -69,21 +61,6 @@ log = logging.getLogger(__name__)
 
 # A user turn's content that no template writes itself: where it starts in the rendered text, the prefix ends.
 SENTINEL = "DRAFTSMITH_USER_TURN_SENTINEL_5f1c"
-# The checks, in the order applied; a candidate is counted under the first it fails.
-FILTERS = ("empty", "repetitive", "cut_at_max_new_tokens", "too_short", "too_long", "benchmark_overlap", "duplicate")
-# Benchmark overlap: texts are compared as sets of word n-grams of this many words, after mtbench.normalise_text
-# (case, punctuation and spacing aside); a text shorter than that is one n-gram of all its words.
-OVERLAP_NGRAM = 2
-# ... and a candidate overlaps a benchmark prompt heavily when they share at least this many n-grams and the shared
-# ones are at least `max_benchmark_overlap` of the smaller set (a candidate that holds most of a benchmark prompt, or
-# a benchmark prompt that holds most of the candidate). Texts too short to share that many match only when equal.
-# Measured with the default threshold 0.5 on MT-Bench's 160 turns: an edit of one word in the middle is caught for
-# 156, of two words for 149, the turn inside other words for 160, its first half for 152; of 1,174 prompts that are
-# no benchmark prompt (Arena-Hard's 567 in Latin script, IFEval's 541, FastChat's 54 distinct, 12 SmolLM2 wrote
-# itself) and 23 generic ones ("Can you make it shorter?", "Write a Python function to reverse a string."), none.
-OVERLAP_MIN_SHARED = 3
-# the schema's defaults (config/schema/config.schema.yaml is where defaults live)
-DEFAULTS = section_defaults("self_prompts")
 
 
 class SelfPromptsError(RegenerateSetupError):
@@ -119,104 +96,6 @@ def candidate_seed(seed: int, name: str, index: int) -> int:
     """The seed of candidate `index` of dataset `name`: a function of those alone (63 bits)."""
     digest = hashlib.sha256(f"self_prompts\0{seed}\0{name}\0{index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
-
-
-# ----------------------------------------------------------------------------- the checks
-
-
-def _ngrams(text: str, n: int = OVERLAP_NGRAM) -> set[tuple]:
-    from draftsmith.data.mtbench import normalise_text
-
-    words = normalise_text(text).split()
-    if len(words) < n:
-        return {tuple(words)} if words else set()
-    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
-
-
-class BenchmarkOverlap:
-    """Benchmark prompts (e.g. every turn of MT-Bench's 80 questions) a training prompt must not be, nor mostly
-    overlap: `match(text)` is the benchmark prompt it equals (mtbench.normalise_text) or shares at least
-    OVERLAP_MIN_SHARED word n-grams with, those being at least `threshold` of the smaller n-gram set; else None."""
-
-    def __init__(self, prompts: list[str], threshold: float = DEFAULTS["max_benchmark_overlap"]):
-        from draftsmith.data.mtbench import normalise_text
-
-        if not 0 < threshold <= 1:
-            raise ValueError(f"the benchmark overlap threshold must be in (0, 1], got {threshold}")
-        self.prompts, self.threshold = list(prompts), threshold
-        self.exact = {normalise_text(p): i for i, p in enumerate(self.prompts)}
-        self.grams = [_ngrams(p) for p in self.prompts]
-        self.index: dict[tuple, set[int]] = defaultdict(set)
-        for i, grams in enumerate(self.grams):
-            for g in grams:
-                self.index[g].add(i)
-
-    @classmethod
-    def mt_bench(cls, questions_file: str | Path | None = None, threshold: float = DEFAULTS["max_benchmark_overlap"]):
-        """Every turn of MT-Bench's questions (default: the packaged question.jsonl)."""
-        from draftsmith.data.mtbench import load_questions
-
-        return cls([t for q in load_questions(questions_file) for t in q["turns"]], threshold)
-
-    def score(self, text: str) -> tuple[float, int | None]:
-        """(overlap, index of the benchmark prompt) of the benchmark prompt `text` overlaps most: 1.0 for an equal
-        text; else the shared n-grams over the smaller set, 0 where they are fewer than OVERLAP_MIN_SHARED."""
-        from draftsmith.data.mtbench import normalise_text
-
-        norm = normalise_text(text)
-        if norm in self.exact:
-            return 1.0, self.exact[norm]
-        grams = _ngrams(text)
-        shared = Counter(i for g in grams for i in self.index.get(g, ()))
-        best, which = 0.0, None
-        for i, n in shared.items():
-            if n >= OVERLAP_MIN_SHARED:
-                share = n / min(len(grams), len(self.grams[i]))
-                if share > best:
-                    best, which = share, i
-        return best, which
-
-    def match(self, text: str) -> str | None:
-        score, which = self.score(text)
-        return self.prompts[which] if which is not None and score >= self.threshold else None
-
-
-class PromptFilter:
-    """The checks of the module doc, applied to candidates in order; remembers the prompts that passed, for
-    `duplicate`, and counts every candidate by the first check it fails (`dropped`)."""
-
-    def __init__(self, benchmark: BenchmarkOverlap, min_words: int = DEFAULTS["min_words"],
-                 max_words: int = DEFAULTS["max_words"]):
-        if min_words < 1 or max_words < min_words:
-            raise ValueError(f"need 1 <= min_words <= max_words, got min_words {min_words}, max_words {max_words}")
-        self.benchmark, self.min_words, self.max_words = benchmark, min_words, max_words
-        self.seen: set[tuple] = set()
-        self.dropped: Counter = Counter()
-
-    def reason(self, text: str, token_ids=(), finish_reason: str = "stop") -> str | None:
-        """The first check `text` fails (its token ids and finish reason as sampled), or None: it passes, and a
-        later equal text is a duplicate."""
-        words = len(text.split())
-        key = prompt_text_key([{"role": "user", "content": text}])
-        if not text.strip():
-            reason = "empty"
-        elif is_repetitive(token_ids):
-            reason = "repetitive"
-        elif finish_reason != "stop":
-            reason = "cut_at_max_new_tokens"
-        elif words < self.min_words:
-            reason = "too_short"
-        elif words > self.max_words:
-            reason = "too_long"
-        elif self.benchmark.match(text) is not None:
-            reason = "benchmark_overlap"
-        elif key in self.seen:
-            reason = "duplicate"
-        else:
-            self.seen.add(key)
-            return None
-        self.dropped[reason] += 1
-        return reason
 
 
 # ----------------------------------------------------------------------------- the driver

@@ -1,0 +1,150 @@
+"""The static KV cache of batched decoding (`BatchKV`: B rows, each its own slots), its masks, and the attention
+functions the batched decoders register with transformers.
+
+Attention (`grouped_sdpa`, registered with transformers as `draftsmith_grouped_sdpa`) hands the KV heads to
+SDPA unrepeated: the query heads that share a KV head become extra query rows of it. transformers' own SDPA path
+copies every KV head to each of its query heads once a mask is given, and at a large batch those copies, not the
+matrix products, are what a decode step's time goes to.
+`ragged_decode` (`draftsmith_ragged_decode`) reads each row's own slots instead (draftsmith.decoding.ragged_attention).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface
+
+GROUPED_SDPA = "draftsmith_grouped_sdpa"
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """SDPA with grouped-query attention as extra query rows: query [B, H, q, D], key/value [B, KV, S, D],
+    mask [B, 1, q, S] (boolean, True = attend). Returns [B, q, H, D] as transformers' attention functions do."""
+    b, heads, q, d = query.shape
+    kv = key.shape[1]
+    group = heads // kv
+    query = query.reshape(b, kv, group * q, d)
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[:, :, None].expand(b, mask.shape[1], group, q, mask.shape[-1]).reshape(b, -1, group * q, mask.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling)
+    return out.view(b, kv, group, q, d).reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+
+RAGGED_DECODE = "draftsmith_ragged_decode"
+
+
+def ragged_decode(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """A decode step's attention over each row's own slots (draftsmith.decoding.ragged_attention): `attention_mask`
+    is not a mask but each row's first and last slot, [B, 1, 1, 2] (4-D, so transformers passes it through)."""
+    from draftsmith.decoding.ragged_attention import ragged_decode_attention
+
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return ragged_decode_attention(query, key, value, attention_mask.view(-1, 2), scale), None
+
+
+AttentionInterface.register(RAGGED_DECODE, ragged_decode)
+
+
+def attention_configs(model) -> list:
+    """Every config the model's attention layers read their implementation from (a multimodal model nests one)."""
+    return list({id(m.config): m.config for m in model.modules()
+                 if hasattr(getattr(m, "config", None), "_attn_implementation")}.values())
+
+
+@contextmanager
+def grouped_attention(configs: list, implementation: str = GROUPED_SDPA):
+    """`grouped_sdpa` (or `implementation`) as the attention of `configs` (attention_configs) within the block,
+    their own after it."""
+    implementations = [c._attn_implementation for c in configs]
+    for config in configs:
+        config._attn_implementation = implementation
+    try:
+        yield
+    finally:
+        for config, implementation in zip(configs, implementations):
+            config._attn_implementation = implementation
+
+
+def row_mask(query_slots: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """Boolean SDPA mask [rows, 1, q, length] (True = attend) of each row's queries at `query_slots` [rows, q] over
+    a cache of `length` slots, the row's sequence starting at slot `starts[row]` (left padding before it): a query
+    sees the row's slots from its start up to its own. A padding query (below its row's start) sees only itself, so
+    that no mask row is empty (an empty one gives NaN, which a masked slot still spreads: 0 * NaN)."""
+    keys = torch.arange(length, device=query_slots.device)[None, None, :]
+    query = query_slots[:, :, None]
+    return ((keys <= query) & ((keys >= starts[:, None, None]) | (keys == query)))[:, None]
+
+
+def on_device(values, device: torch.device) -> torch.Tensor:
+    """`values` (a list of ints or a CPU tensor) on `device` without waiting for it. A blocking host-to-device copy
+    (`.to(device)`, `torch.tensor(..., device=...)`, and `x[rows] = 0`, which copies the 0) waits for the stream's
+    queued work, so each one in the decode loop held the host until the window of steps in flight had run, and the
+    device then idled while the host refilled: measured on one H100, 7.1 of 10.5 s went to such waits. A copy from
+    pinned memory is queued like a kernel."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one tensor [B, longest], each right-aligned (0 before it), and each row's start slot [B]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+    starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
+    return on_device(ids, device), on_device(starts, device)
+
+
+class BatchKV:
+    """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
+
+    Three kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
+    itself), a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
+    slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs),
+    and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the whole cache through the
+    caller's mask: the batched speculative loops of draftsmith.benchmark.batch_spec).
+    """
+
+    def __init__(self, rows: int, length: int):
+        self.rows, self.length = rows, length
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.prefill_rows: torch.Tensor | None = None
+        self.decode_slots: torch.Tensor | None = None
+        self.write_slots: torch.Tensor | None = None
+        self.span = length
+        self._all_rows: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None):
+        if layer_idx not in self.keys:
+            shape = (self.rows, key.shape[1], self.length, key.shape[3])
+            self.keys[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=key.device)
+            self.values[layer_idx] = torch.zeros(shape, dtype=value.dtype, device=value.device)
+            self._all_rows = torch.arange(self.rows, device=key.device)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.write_slots is not None:  # row r's q tokens at slots write_slots[r]: [rows, q, KV, D] indexed
+            keys[self._all_rows[:, None], :, self.write_slots] = key.transpose(1, 2)
+            values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
+            return keys, values
+        if self.prefill_rows is not None:
+            width = key.shape[2]
+            keys[self.prefill_rows, :, :width] = key
+            values[self.prefill_rows, :, :width] = value
+            return key, value
+        keys[self._all_rows, :, self.decode_slots] = key[:, :, 0]  # [rows, KV, D] at each row's slot
+        values[self._all_rows, :, self.decode_slots] = value[:, :, 0]
+        return keys[:, :, : self.span], values[:, :, : self.span]
+
+    def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, width: int) -> None:
+        """Slots 0..width-1 of rows `sources` into rows `targets`, in every layer (a prefill shared by a repeated
+        prompt's rows)."""
+        for layer in self.keys:
+            self.keys[layer][targets, :, :width] = self.keys[layer][sources, :, :width]
+            self.values[layer][targets, :, :width] = self.values[layer][sources, :, :width]

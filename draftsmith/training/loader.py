@@ -1,0 +1,126 @@
+"""The training data: the validation split, the `data_fraction` of the rest, and speculators' loader over the shards,
+with the noise on the auxiliary states drawn per sample from a generator seeded by (seed, epoch, sample index), so that
+a resumed run adds the same noise as an uninterrupted one whatever the worker count."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import torch
+
+from draftsmith.extraction.shards import read_manifest, shard_files
+
+
+def split_train_val(files: list[str], lengths: list[int], val_fraction: float, seed: int):
+    order = list(range(len(files)))
+    random.Random(seed).shuffle(order)
+    n_val = int(round(val_fraction * len(files))) if len(files) > 1 else 0
+    n_val = min(max(n_val, 1 if val_fraction > 0 and len(files) > 1 else 0), len(files) - 1)
+    val, train = sorted(order[:n_val]), sorted(order[n_val:])
+    return ([files[i] for i in train], [lengths[i] for i in train]), ([files[i] for i in val], [lengths[i] for i in val])
+
+
+def training_split(manifest_paths: list[str], cfg: dict):
+    """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
+    `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
+    manifests = [read_manifest(p) for p in manifest_paths]
+    files = shard_files(manifest_paths)
+    lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
+    (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
+    if cfg["data_fraction"] < 1:
+        n = max(1, round(cfg["data_fraction"] * len(train_files)))
+        keep = sorted(random.Random(f"{cfg['seed']}:data_fraction").sample(range(len(train_files)), n))
+        train_files, train_lengths = [train_files[i] for i in keep], [train_lengths[i] for i in keep]
+    return manifests, (train_files, train_lengths), val
+
+
+def noise_seed(seed: int, epoch: int, index: int) -> int:
+    digest = hashlib.sha256(f"draftsmith-noise:{seed}:{epoch}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class SampleSeededNoise:
+    """speculators' `AddUniformNoise` (`x + 2 * (U[0, 1) - 0.5) * std` on the named tensors, applied by its dataset
+    before the one-token shift) with the random numbers drawn from a generator seeded by (seed, epoch, sample index)
+    instead of the process-wide torch generator, so the noise a sample gets in an epoch does not depend on what ran
+    before: not on the epochs a resumed run skipped, nor on which DataLoader worker (each with its own generator,
+    which cannot be saved) loads it.
+
+    `key` is (epoch, index), set by `SampleKeyedDataset` around each load; with no key (the dataset's own length
+    probe at construction) no noise is added."""
+
+    def __init__(self, std: float, seed: int, tensors=("hidden_states",)):
+        self.std, self.seed, self.tensors, self.key = std, seed, tensors, None
+
+    def __call__(self, data):
+        if self.key is None:
+            return data
+        generator = torch.Generator().manual_seed(noise_seed(self.seed, *self.key))
+        for name in self.tensors:
+            x = data[name]
+            data[name] = x + 2 * (torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5) * self.std
+        return data
+
+
+class SampleKeyedDataset(torch.utils.data.Dataset):
+    """Loads `(epoch, index)` keys from `EpochTaggedBatchSampler`: sets the noise key, then loads sample `index`."""
+
+    def __init__(self, dataset, noise: SampleSeededNoise):
+        self.dataset, self.noise = dataset, noise
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        self.noise.key = key
+        try:
+            return self.dataset[key[1]]
+        finally:
+            self.noise.key = None
+
+
+class EpochTaggedBatchSampler(torch.utils.data.Sampler):
+    """The batches of speculators' epoch-seeded sampler, each index tagged with the epoch: `[(epoch, index), ...]`."""
+
+    def __init__(self, batch_sampler):
+        self.batch_sampler, self.epoch = batch_sampler, 0
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+        self.batch_sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        epoch = self.epoch
+        return ([(epoch, int(i)) for i in batch] for batch in self.batch_sampler)
+
+
+def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory):
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+    from torch.utils.data import DataLoader
+
+    # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
+    noise = SampleSeededNoise(noise_std, seed, tensors=("hidden_states",)) if noise_std > 0 else None
+    dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=files, transform=noise)
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=total_seq_length,
+        lengths=[n - 1 for n in lengths],  # exact lengths from the manifests (after the one-token shift)
+        num_replicas=world_size,
+        rank=rank,
+        seed=seed,
+    )
+    if noise is not None:
+        dataset, sampler = SampleKeyedDataset(dataset, noise), EpochTaggedBatchSampler(sampler)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        collate_fn=create_collate_fn(total_seq_length),
+        persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
