@@ -272,6 +272,7 @@ XDIST_GROUPS = {"test_gguf_target": "smollm2", "test_default_pipeline": "smollm2
 PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "regenerated_run", "self_written_run"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
