@@ -119,17 +119,14 @@ def test_corrupt_shard_is_refused_by_validate_and_training(pipeline_run, tmp_pat
     assert not (workdir / "results" / "draft" / "default" / "config.json").exists()
 
 
-def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipeline_run, tmp_path, capsys):
+def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipeline_run, run_copy, capsys):
     """README's recovery for a corrupt shard: delete the shard directory and re-run `snakemake`."""
     from conftest import jobs_planned
 
     from draftsmith.cli import main
 
-    workdir = copy_inputs(pipeline_run, tmp_path)
+    workdir = run_copy
     r = workdir / "results"
-    for sub in ("shards", "vocab", "train_state", "draft", "benchmark", "report"):
-        shutil.copytree(pipeline_run / "results" / sub, r / sub)
-    snakemake(workdir)  # brings the copy up to date (earlier tests may have rebuilt the session run's vocab map)
     noop = snakemake(workdir, "-n")
     assert "Nothing to be done" in noop.stdout + noop.stderr
     draft = sha256_file(r / "draft" / "default" / "model.safetensors")
@@ -242,16 +239,13 @@ def test_truncated_manifest_fails_naming_the_file_and_the_command_that_rebuilds_
     assert not out.exists()
 
 
-def test_truncated_manifest_stops_the_run_before_any_job_and_forcerun_rebuilds_the_shard(pipeline_run, tmp_path):
+def test_truncated_manifest_stops_the_run_before_any_job_and_forcerun_rebuilds_the_shard(pipeline_run, run_copy):
     """Downstream up to date, one manifest truncated (its mtime now newer than the draft): a plain `snakemake`
     must not start train_draft, which would delete the last good draft and then fail on the manifest."""
     from conftest import jobs_planned
 
-    workdir = copy_inputs(pipeline_run, tmp_path)
+    workdir = run_copy
     r = workdir / "results"
-    for sub in ("shards", "vocab", "train_state", "draft", "benchmark", "report"):
-        shutil.copytree(pipeline_run / "results" / sub, r / sub)
-    snakemake(workdir)  # brings the copy up to date (earlier tests may have rebuilt the session run's vocab map)
     draft = {name: sha256_file(r / "draft" / "default" / name) for name in ("config.json", "model.safetensors")}
     manifest = workdir / SHARD / "manifest.json"
     original = json.loads(manifest.read_text())
