@@ -168,7 +168,9 @@ def copy_run(run: Path, workdir: Path, overrides: dict | None = None) -> Path:
         key = base64.urlsafe_b64decode("".join(part.removeprefix("@") for part in parts)).decode()
         if not key.startswith(old + "/"):
             continue  # a relative output path stays valid in the copy
-        text = record.read_text().replace(f'"{old}/', f'"{new}/')
+        text = record.read_text()  # paths stand in JSON strings and in the repr of lists and dicts
+        for end in "/'\"":
+            text = text.replace(old + end, new + end)
         encoded = base64.urlsafe_b64encode((new + key[len(old):]).encode()).decode()
         chunks = [encoded[i:i + 254] for i in range(0, len(encoded), 254)]
         target = meta.joinpath(*["@" + c for c in chunks[:-1]], chunks[-1])
