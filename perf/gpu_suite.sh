@@ -143,13 +143,16 @@ smollm2)
   overlay=/tmp/smollm2-overlay.yaml
   printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
   [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
+  carried=""
   if [ -n "${CARRIED_DATA:-}" ]; then  # the answers an earlier run wrote, as local datasets: no self_prompts, no regenerate
-    python3 perf/carried_overlay.py "$CARRIED_DATA" --unpack-to /tmp/carried >> "$overlay"  # a folder, or parts
+    # after EXTRA_CONFIG: a later file's datasets replace the whole map of the files before it (README: layering)
+    carried=/tmp/carried-overlay.yaml
+    python3 perf/carried_overlay.py "$CARRIED_DATA" --unpack-to /tmp/carried > "$carried"  # a folder, or parts
   fi
   res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the overlay's, if it names one
   start=$(date +%s)
   timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake ${TARGETS:-} --cores 16 --scheduler greedy --rerun-incomplete --configfile config/gpu-smollm2.yaml \
-    "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?
+    "$overlay" ${EXTRA_CONFIG:-} $carried --resources gpu=1 ${UNTIL:+--until "$UNTIL"} > "$OUT/snakemake.log" 2>&1 || status=$?
   tail -n 40 "$OUT/snakemake.log"
   echo "pipeline wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/device.txt"
   round_costs "$res"
@@ -162,19 +165,19 @@ smollm2)
   if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # the first variant's draft again, in float32: lossless?
     # (after $res.tgz took the bf16 results: this run replaces that variant's benchmark outputs)
     first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" \
-      config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-})
+      config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} $carried)
     # losslessness, not speed: no prompt lookup, no kernel tuning (any kernels must give greedy's tokens)
     printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft]\n  tune_kernels: false\n' > /tmp/fp32-overlay.yaml
     # (the target first: after --configfile or --resources, snakemake would read it as one more of their values)
     timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake "$res/benchmark/$first/summary.json" --cores 16 --scheduler greedy \
-      --configfile config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} /tmp/fp32-overlay.yaml --resources gpu=1 \
+      --configfile config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} $carried /tmp/fp32-overlay.yaml --resources gpu=1 \
       > /tmp/snakemake-fp32.log 2>&1 || status=$?
     tail -n 5 /tmp/snakemake-fp32.log
     tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true
   fi
   if [ -n "${THEN_TARGETS:-}" ] && [ -z "${status:-}" ]; then  # then more outputs in the run's own config (bf16)
     timeout -k 20 "${PIPELINE_TIMEOUT:-3000}" python3 -m snakemake $THEN_TARGETS --cores 16 --scheduler greedy \
-      --configfile config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} --resources gpu=1 > /tmp/snakemake-then.log 2>&1 || status=$?
+      --configfile config/gpu-smollm2.yaml "$overlay" ${EXTRA_CONFIG:-} $carried --resources gpu=1 > /tmp/snakemake-then.log 2>&1 || status=$?
     tail -n 5 /tmp/snakemake-then.log
     tar czf "$OUT/$res-then.tgz" $(for t in $THEN_TARGETS; do dirname "$t"; done) $res/draft/*/metrics.csv \
       $res/draft/*/training_data.json $res/draft/*/config.json $res/logs/benchmark $res/logs/train_draft \
