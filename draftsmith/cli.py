@@ -30,6 +30,54 @@ def cmd_validate(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_preflight(args) -> int:
+    from draftsmith.config.workflow import ConfigError, load_config
+    from draftsmith.vllm_stack.preflight import count_samples, count_tokens, preflight_target, run_preflight
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:  # one line per problem, as `draftsmith validate` prints them
+        print(f"draftsmith preflight: {e}", file=sys.stderr)
+        return 2
+    stats = [Path(config["results"]) / "prepared" / d / "stats.json" for d in config["datasets"]]
+    report = run_preflight(config, preflight_target(config, args.target), args.disable_fix, count_tokens(stats),
+                           samples=count_samples(stats), offline=True)
+    print("\n".join(report.lines()))
+    print(f"preflight: {'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0 if report.ok else 1
+
+
+def fix_names(text: str) -> list[str]:
+    """--disable-fix's value: fix names, comma-separated."""
+    from draftsmith.vllm_stack.compat import FIX_NAMES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FIX_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown fix {', '.join(unknown)}; one of: {', '.join(FIX_NAMES)}")
+    return names
+
+
+def add_preflight_parser(sub) -> None:
+    from draftsmith.vllm_stack.compat import FIX_NAMES
+
+    p = sub.add_parser("preflight", help="check the installed stack, target, layers, GPUs and disk in seconds, before "
+                       "any weights load", description="Check the installed stack, the target's config.json, layer ids, "
+                       "seq_length, shard count, every GPU count and the disk against the config, in seconds and before "
+                       "any weights load. A target the workflow builds itself is checked once it is built; the hub is "
+                       "read from its cache only.")
+    p.add_argument("--config", nargs="+", default=[], metavar="FILE",
+                   help="workflow config file(s), merged in order over the embedded default config/config.yaml")
+    p.add_argument("--target", help="target model path or hub id (default: from the config)")
+    p.add_argument("--json", help="also write the report as JSON here")
+    p.add_argument("--disable-fix", action="extend", type=fix_names, default=[], metavar="FIX[,FIX]",
+                   help="check as if these vLLM compatibility fixes were off, to see what each prevents; one of: "
+                   + ", ".join(FIX_NAMES))
+    p.set_defaults(func=cmd_preflight)
+
+
 def cmd_inspect(args) -> int:
     path = Path(args.path)
     if (path / "manifest.json").exists():
@@ -79,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "these commands check and inspect its inputs and outputs.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("preflight", add_help=False,
-                       help="check the installed stack, target, layers, GPUs and disk in seconds, before any weights load "
-                       "(`draftsmith preflight --help` for its options)")
+    add_preflight_parser(sub)
     p = sub.add_parser("validate", help="check a whole results tree against the config: every output it implies exists and "
                        "is intact (samples, shard checksums and tensors, vocab map, drafts, benchmarks, report), and each "
                        "draft and benchmark was made from the current target, shards, vocab map and prompts")
@@ -103,10 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["preflight"]:  # its own options, parsed by draftsmith.vllm_stack.preflight
-        from draftsmith.vllm_stack.preflight import main as preflight_main
-
-        return preflight_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

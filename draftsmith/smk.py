@@ -53,9 +53,14 @@ def run(main, snakemake) -> None:
         use_results_cache(results)
     from draftsmith.devices import claim_gpus
 
+    from draftsmith.progress import console_progress
+
+    wildcards = dict(snakemake.wildcards.items()) if hasattr(snakemake.wildcards, "items") else {}
+    log_path = snakemake.log[0] if len(snakemake.log) else None
     try:
         with claim_gpus(int(getattr(snakemake.resources, "gpu", 0) or 0)):
-            main(snakemake)
+            with console_progress(snakemake.rule, wildcards, log_path):
+                main(snakemake)
     except Exception:
         log.error("rule %s failed:\n%s", snakemake.rule, traceback.format_exc())
         raise

@@ -1,5 +1,6 @@
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -7,6 +8,8 @@ from snakemake.utils import validate
 
 from draftsmith import artefacts
 from draftsmith.config.batch_sizes import batch_sizes
+from draftsmith.config.notices import benchmark_prompts_notice
+from draftsmith.config.paths import resolve_paths
 from draftsmith.config.sources import PROMPT_SETS
 from draftsmith.config.workflow import (
     ConfigError,
@@ -25,7 +28,8 @@ from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
 # Snakemake reads config files as plain YAML 1.1: a key given twice keeps the last silently, `1e-3` is a string.
 # `config` is rebuilt from the same files read strictly (draftsmith.config.workflow), with --config entries on top;
-# the user's datasets and variants replace the embedded default's (Snakemake would add them to it).
+# a file's datasets and variants replace the earlier files' (Snakemake would add them to it), whatever the order;
+# relative paths resolve against the folder of the file that sets them (said once, on the console).
 # check_config names each problem by file and key (one line each); validate then fills in the defaults.
 try:
     merged_config = merge_files(
@@ -33,6 +37,9 @@ try:
         workflow.config_settings.config,
         default=Path(workflow.basedir) / "config" / "config.yaml",
     )
+    path_notes = resolve_paths(merged_config, workflow.configfiles)
+    if workflow.is_main_process and path_notes:
+        print("\n".join(path_notes), file=sys.stderr)
     config_problems = check_config(merged_config, workflow.configfiles)
     if config_problems:
         raise ConfigError("\n".join(config_problems))
@@ -41,6 +48,9 @@ except ConfigError as e:
 config.clear()
 config.update(merged_config)
 validate(config, "../config/schema/config.schema.yaml")
+prompts_notice = benchmark_prompts_notice(config, workflow.configfiles)
+if workflow.is_main_process and prompts_notice:
+    print(prompts_notice, file=sys.stderr)
 
 # Jobs import the draftsmith package from this checkout, whatever environment runs them
 # (a conda env from --sdm conda does not have it installed). Set here, not required from the user.
@@ -402,7 +412,14 @@ def benchmark_gpus():
 
 
 def training_gpus(variant):
-    """training.gpus; 0 means one GPU where one exists (extraction.device: cpu keeps it on the CPU)."""
+    """training.gpus; 0 means one GPU where one exists (extraction.device: cpu keeps it on the CPU). A dry run on this
+    machine stops here on a count it cannot give (--resources gpu=N where given, else the visible GPUs), naming the
+    key: a real run's own check (onstart) does not run in a dry run."""
+    if workflow.dryrun and workflow.local_exec:
+        declared = workflow.global_resources.get("gpu")
+        problems = gpu_problems({"train_draft"}, declared.value if declared else None)
+        if problems:
+            raise WorkflowError("\n".join(problems))
     gpus = variant_training(variant)["gpus"]
     return gpus or single_device_gpus(config["extraction"]["device"])
 
@@ -418,11 +435,12 @@ GPU_STAGE = {
 }
 
 
-def gpu_problems(rules):
-    """One line per GPU count, asked for by a stage among `rules`, that this machine cannot give (naming the key)."""
+def gpu_problems(rules, gpus=None):
+    """One line per GPU count, asked for by a stage among `rules`, that this machine (or `gpus`) cannot give (naming
+    the key)."""
     from draftsmith.vllm_stack.preflight import gpu_problems as check
 
-    return check(config, {GPU_STAGE[r] for r in rules if r in GPU_STAGE})
+    return check(config, {GPU_STAGE[r] for r in rules if r in GPU_STAGE}, gpus)
 
 
 def all_outputs():

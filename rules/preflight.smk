@@ -1,12 +1,11 @@
 # On demand: `snakemake preflight` checks everything the config asks for (versions, vLLM call signatures, target
 # config, layer ids, seq_length, shard count, every GPU count, disk) in seconds, before any weights load, and prints
-# its verdict. It has no output, so it runs every time it is asked. It runs in extraction's environment with the GPUs
-# extraction asks for. In a plain run nothing waits for it: each job that loads weights first runs the checks of its
-# own stage (draftsmith.vllm_stack.preflight.gate), so a changed setting re-runs exactly the jobs that read it.
+# its verdict. It has no input and no output: it runs every time it is asked and plans no other job (a target the
+# workflow builds and datasets not yet prepared are checked once they exist: it says so). It runs in extraction's
+# environment with the GPUs extraction asks for. In a plain run nothing waits for it: each job that loads weights
+# first runs the checks of its own stage (draftsmith.vllm_stack.preflight.gate), so a changed setting re-runs exactly
+# the jobs that read it.
 rule preflight:
-    input:
-        stats=expand(R / "prepared" / "{dataset}" / "stats.json", dataset=DATASETS),
-        target=target_input(),
     log:
         R / "logs" / "preflight.log",
     conda:
@@ -16,7 +15,5 @@ rule preflight:
     resources:
         gpu=extraction_gpus(),
         mem_mb=1000,
-    params:
-        target=TARGET_SPEC,
     script:
         "../scripts/preflight.py"

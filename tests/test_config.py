@@ -127,13 +127,13 @@ def test_user_datasets_and_variants_replace_the_embedded_defaults(tmp_path):
 
     user = tmp_path / "mine.yaml"
     user.write_text("datasets:\n  chats: {source: local, path: chats.jsonl}\nvariants:\n  wide: {draft_layers: 2}\n")
+    (tmp_path / "chats.jsonl").write_text("")
     config = load_config([user])
     filled = {"subset": None, "split": None, "revision": None, "max_records": None, "regenerate": False}
-    assert config["datasets"] == {"chats": {"source": "local", "path": "chats.jsonl", **filled}}
+    assert config["datasets"] == {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl"), **filled}}
     assert config["variants"] == {"wide": {"draft_layers": 2}}
     assert load_config([])["datasets"] == {"synthetic": {"source": "synthetic", **filled, "regenerate": True},
                                            "fastchat": {"source": "fastchat", **filled, "regenerate": True}}
-    (tmp_path / "chats.jsonl").write_text("")
     write_config(tmp_path, {"datasets": {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl")}},
                             "variants": {"wide": {"draft_layers": 2}}})
     planned = snakemake(tmp_path, "-n", check=False).stdout

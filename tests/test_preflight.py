@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, TINY_CONFIG, snakemake
+from conftest import REPO, SNAKEMAKE, TINY_CONFIG, jobs_planned, snakemake
 
 from draftsmith.config.workflow import validate
 from draftsmith.vllm_stack import compat, source
@@ -227,20 +227,27 @@ def snakemake_preflight(tiny_target, tmp_path, *targets, **sections) -> subproce
 
 
 def test_snakemake_preflight_rule(tiny_target, tmp_path):
-    """`snakemake preflight` with the repo's rules on a local dataset: prepares it, then prints every check and the
-    verdict on the console."""
+    """`snakemake preflight` with the repo's rules on a local dataset: on a fresh tree it plans no other job (it
+    once prepared every dataset and built the target first) and prints every check and the verdict on the console;
+    once the dataset is prepared it also predicts the shards' disk use."""
     proc = snakemake_preflight(tiny_target, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[  ok] layer ids" in proc.stdout and "[  ok] disk: shards need about" in proc.stdout
+    assert jobs_planned(proc) == {"preflight": 1}
+    assert "[  ok] layer ids" in proc.stdout and "[warn] disk: token count unknown until the datasets are prepared" \
+        in proc.stdout
     assert f"preflight: ok (log: {tmp_path / 'results' / 'logs' / 'preflight.log'})" in proc.stdout
+    snakemake_preflight(tiny_target, tmp_path, str(tmp_path / "results" / "prepared" / "chats" / "stats.json"))
+    proc = snakemake_preflight(tiny_target, tmp_path)
+    assert proc.returncode == 0 and "[  ok] disk: shards need about" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, tmp_path):
-    """The rule reads the prepared stats.json: 25 shards of 20 samples fail in preflight; a plain run fails in the
+    """The rule reads the prepared stats.json where it exists: 25 shards of 20 samples fail in preflight; a plain run fails in the
     extraction job's own preflight, before it loads the target."""
+    stats = tmp_path / "results" / "prepared" / "chats" / "stats.json"
+    snakemake_preflight(tiny_target, tmp_path, str(stats), extraction={"num_shards": 25})
     proc = snakemake_preflight(tiny_target, tmp_path, extraction={"num_shards": 25})
     assert proc.returncode != 0
-    stats = tmp_path / "results" / "prepared" / "chats" / "stats.json"
     kept = json.loads(stats.read_text())["records_kept"]
     assert kept == 20
     problem = (f"shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
@@ -265,3 +272,53 @@ def test_a_gpu_count_this_machine_cannot_give_stops_the_run_before_any_job(tmp_p
     assert proc.returncode != 0
     assert "gpus (training): training.gpus=4 but 0 GPU(s) are visible" in proc.stdout + proc.stderr
     assert not [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.name != ".draftsmith.lock"]
+
+
+def test_fresh_clone_checks_the_target_the_workflow_builds_once_it_is_built(llama, tmp_path, capsys):
+    """`draftsmith preflight` on a fresh clone once read the packaged target's name as a hub id and failed after 23 s
+    of hub retries: a target rule import_target (or build_target) makes is checked once built, and preflight says so."""
+    import time
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"results: {tmp_path / 'results'}\n")
+    start = time.perf_counter()
+    assert main(["--config", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert time.perf_counter() - start < 10
+    assert "[  ok] target: built by rule import_target; checked after it is built" in out and out[-1] == "preflight: ok"
+    built = tmp_path / "results" / "target"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text((llama / "config.json").read_text())
+    assert main(["--config", str(path)]) == 1  # the built target's 512 tokens are fewer than the default's draft vocab
+    out = capsys.readouterr().out
+    assert "[FAIL] draft vocab: vocab.draft_vocab_size=1024 exceeds the target's vocabulary of 512" in out
+    assert "[  ok] seq length:" in out and "built by rule" not in out
+
+
+def test_a_hub_target_is_read_from_the_cache_only(tmp_path, capsys):
+    """No download and no retries: a hub id not in the cache fails in seconds, saying how to fetch its config.json."""
+    import time
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"results: {tmp_path / 'results'}\n")
+    start = time.perf_counter()
+    assert main(["--config", str(path), "--target", "nobody-here/no-such-model"]) == 1
+    assert time.perf_counter() - start < 10
+    out = capsys.readouterr().out
+    assert "[FAIL] target config: cannot read config.json of nobody-here/no-such-model" in out
+    assert "`hf download nobody-here/no-such-model config.json` fetches the file" in out
+
+
+def test_help_names_the_command_and_folds_the_fix_names_into_one_option(llama, capsys):
+    from draftsmith.cli import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(["preflight", "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: draftsmith preflight ") and text.count("--disable-fix") == 2  # usage and option
+    assert all(name in text for name in compat.FIX_NAMES) and "{" not in text
+    first, second = compat.FIX_NAMES[:2]
+    assert main(["--target", str(llama), "--disable-fix", f"{first},{second}"]) in (0, 1)
+    with pytest.raises(SystemExit):
+        main(["--disable-fix", "no_such_fix"])
+    assert "unknown fix no_such_fix; one of:" in capsys.readouterr().err

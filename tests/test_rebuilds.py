@@ -168,7 +168,8 @@ def plans(run, tmp_path_factory) -> dict[str, set[str]]:
             shutil.copytree(run / "results" / "target", value)
         set_key(config, key, value)
         (tmp / "changed.yaml").write_text(yaml.safe_dump(config))
-        return set(jobs_planned(snakemake(run, "-n", "--configfile", str(tmp / "changed.yaml"))))
+        # --resources: the GPUs of the machine planned for (training.gpus: 1 fails a dry run on a machine without one)
+        return set(jobs_planned(snakemake(run, "-n", "--resources", "gpu=2", "--configfile", str(tmp / "changed.yaml"))))
 
     with ThreadPoolExecutor(2) as pool:
         return dict(zip(CHANGED_KEYS, pool.map(plan, CHANGED_KEYS)))

@@ -18,6 +18,9 @@ is an error; `1e-3`, `1E5`, `-2e-4` are numbers (YAML 1.1 would read them as str
 `"1e-3"` is a string, which a number key rejects. This page is generated from that
 schema (`python -m draftsmith.config.docs > config/README.md`); a test keeps it current. The schema
 is the only place defaults live: validation fills them in, for the workflow and the `draftsmith` CLI alike.
+Several files (`--configfile a.yaml b.yaml`) layer as README.md's "Layering configs" says: scalars and lists
+replace, sections merge key by key, and a later file's `datasets` or `variants` replaces the whole map; a relative
+path resolves against the folder of the file that sets it.
 
 | key | type | default | description |
 | --- | --- | --- | --- |

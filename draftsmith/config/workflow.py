@@ -7,8 +7,11 @@ Snakemake's `config` from the files with `merge_files`) and `load_config`:
 - a key given twice in one file is an error (YAML keeps the last silently);
 - `1e-3`, `1E5`, `-2e-4` are numbers (YAML 1.1, so PyYAML, reads a float without a dot or with an
   unsigned exponent as a string); a quoted "1e-3" stays a string, which a number key rejects;
-- the named sections `datasets` and `variants` of the user's files replace the embedded default's
-  instead of adding to them (a config naming its own dataset must not also train on the synthetic corpus);
+- layering, whatever the order of the files: a later file's scalar replaces, a plain section merges key by key,
+  a list replaces, and the named maps `datasets` and `variants` replace the earlier files' whole map (a config
+  naming its own dataset must not also train on the synthetic corpus of config/tiny.yaml or the default);
+- relative paths (datasets.<name>.path, benchmark.prompts.path, a target directory) resolve against the folder
+  of the file that sets them (draftsmith.config.paths), which also checks each path exists;
 - `check_config` reports every problem as one line naming the file, the key path and, for an unknown
   key, the nearest valid one; NaN and Inf are rejected anywhere; an integral float (`2.0`) where the
   schema says integer is turned into the int, a non-integral one (`2.5`) is an error.
@@ -89,17 +92,13 @@ def user_files(paths, default: Path = DEFAULT_CONFIG) -> list[Path]:
 
 def merge_files(paths, overrides: dict | None = None, default: Path = DEFAULT_CONFIG) -> dict:
     """The embedded default, then each of the user's files in `paths` in order, read strictly, then `overrides`
-    (Snakemake's --config entries); `datasets` and `variants` as the user's files give them, where any does.
-    `default`: the workflow's own config/config.yaml (a copy of the workflow, as a Kubernetes run makes, has its
-    own), whatever its place in `paths`."""
-    files = [read_config_file(p) for p in user_files(paths, default)]
+    (Snakemake's --config entries); a file that lists `datasets` or `variants` replaces the whole map of the files
+    before it (deep_merge does the rest). `default`: the workflow's own config/config.yaml (a copy of the workflow,
+    as a Kubernetes run makes, has its own), whatever its place in `paths`."""
     config = read_config_file(default) if Path(default).exists() else {}
-    for data in files:
+    for data in (read_config_file(p) for p in user_files(paths, default)):
         config = deep_merge(config, data)
-    for key in NAMED_SECTIONS:
-        given = [f[key] for f in files if key in f]
-        if given:
-            config[key] = functools.reduce(deep_merge, given, {})
+        config.update({key: data[key] for key in NAMED_SECTIONS if key in data})
     return deep_merge(config, overrides or {})
 
 
@@ -112,11 +111,20 @@ def validate(config: dict) -> dict:
 
 
 def load_config(paths: list[str | Path]) -> dict:
+    from draftsmith.config.paths import resolve_paths
+
     config = merge_files(paths)
+    resolve_paths(config, paths)
     problems = check_config(config, paths)
     if problems:
         raise ConfigError("\n".join(problems))
     return validate(config)
+
+
+def config_sources(files) -> list[tuple[str, dict]]:
+    """(file name, its contents) of the embedded default and each of the user's `files`, in merge order."""
+    return [(str(p), read_config_file(p)) for p in [*([DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []),
+                                                    *user_files(files)]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,8 +147,9 @@ def check_config(config: dict, files) -> list[str]:
     """Every problem of the merged `config` as one line `<file>: <key path>: <problem>`, the file being the last of
     `files` (and the embedded default) that sets the key. An integral float where the schema says integer is
     replaced by the int in `config` (not a problem). Defaults are not filled in (`validate` does that)."""
-    sources = [(str(p), read_config_file(p)) for p in [*([DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []),
-                                                       *user_files(files)]]
+    from draftsmith.config.paths import path_problems
+
+    sources = config_sources(files)
     problems = [(path, f"{_yaml_float(value)} is not a finite number") for path, value in _leaves(config)
                 if isinstance(value, float) and not math.isfinite(value)]
     errors = list(_validator().iter_errors(config))
@@ -155,6 +164,7 @@ def check_config(config: dict, files) -> list[str]:
         if not (isinstance(e.instance, float) and not math.isfinite(e.instance)):  # reported above
             problems += _describe(e)
     problems += _between_keys(config)
+    problems += path_problems(config)
     lines = [f"{_source(path, sources)}: {_key(path)}: {problem}" for path, problem in problems]
     return list(dict.fromkeys(lines))
 

@@ -4,17 +4,19 @@ Each check gives one line: `ok`, `warn` (worth knowing, not fatal) or `FAIL` (a 
 stop the pipeline later, typically after an expensive model load). It reads the target's
 config.json only; vLLM and transformers are read as source (draftsmith.vllm_stack.probes), not imported.
 
-    python -m draftsmith.vllm_stack.preflight --config config/config.yaml       # or: snakemake preflight
+    draftsmith preflight --config config/config.yaml       # or: snakemake preflight
+
+A target the workflow builds itself (import_target, build_target) is checked once it is built: before, preflight
+says so and checks the rest. It reads the hub's cache only (no download, no retries), so it takes seconds offline.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
+from draftsmith.artefacts import BUILT_TARGETS
 from draftsmith.devices import visible_gpu_count
 from draftsmith.io import forcerun_hint, read_json
 from draftsmith.vllm_stack import call_sites, compat, probes, source
@@ -108,13 +110,19 @@ def check_fixes_and_call_sites(report: Verdict, disabled_fixes) -> None:
                "; ".join(missing) if missing else "the model-runner attributes the capture reads exist in the installed vLLM")
 
 
-def check_target(report: Verdict, config: dict, target: str, backends: set[str]) -> dict | None:
-    """The target's config.json, trust_remote_code, and whether the loaders in `backends` ("hf", "vllm") know it."""
+def check_target(report: Verdict, config: dict, target: str | None, backends: set[str], offline: bool = False) -> dict | None:
+    """The target's config.json, trust_remote_code, and whether the loaders in `backends` ("hf", "vllm") know it.
+    `target` None: the workflow builds it and has not yet (preflight_target). `offline`: read the hub's cache only."""
     tcfg = config["target"]
+    if target is None:
+        report.add("target", "ok", f"built by rule {BUILT_TARGETS[tcfg['model']]}; checked after it is built")
+        return None
     try:
-        raw = read_target_config(target, tcfg["revision"])
+        raw = read_target_config(target, tcfg["revision"], offline=offline)
     except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
-        report.add("target config", "fail", f"cannot read config.json of {target}: {type(e).__name__}: {e}")
+        hint = (f" (preflight reads the hub's cache only: `hf download {target} config.json` fetches the file)"
+                if offline and not Path(target).is_dir() else "")
+        report.add("target config", "fail", f"cannot read config.json of {target}: {type(e).__name__}: {e}{hint}")
         return None
     text = text_part(raw)
     arch = (raw.get("architectures") or ["?"])[0]
@@ -298,12 +306,22 @@ def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gp
                f"{element} bytes); {human(free)} free at {where}")
 
 
-def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int | None = None,
-                  gpus: int | None = None, samples: dict[str, int] | None = None, stage: str | None = None) -> Verdict:
-    """The checks for `config` (the workflow config) and the target at `target_path`: all of them (stage None:
-    `snakemake preflight`, `draftsmith preflight`), or those of one stage in STAGES, which that stage's job runs
-    before it loads any weights. `samples` (dataset -> sample count, see count_samples) once the datasets are
-    prepared; `tokens` their total, for the disk estimate."""
+def preflight_target(config: dict, given: str | None = None) -> str | None:
+    """The target preflight checks: `given`, else the config's; None where the workflow builds it (BUILT_TARGETS)
+    and has not yet: its jobs check it once built."""
+    if given or config["target"]["model"] not in BUILT_TARGETS:
+        return given or config["target"]["model"]
+    built = Path(config["results"]) / "target"
+    return str(built) if (built / "config.json").exists() else None
+
+
+def run_preflight(config: dict, target_path: str | None, disabled_fixes=(), tokens: int | None = None,
+                  gpus: int | None = None, samples: dict[str, int] | None = None, stage: str | None = None,
+                  offline: bool = False) -> Verdict:
+    """The checks for `config` (the workflow config) and the target at `target_path` (None: not built yet): all of
+    them (stage None: `snakemake preflight`, `draftsmith preflight`), or those of one stage in STAGES, which that
+    stage's job runs before it loads any weights. `samples` (dataset -> sample count, see count_samples) once the
+    datasets are prepared; `tokens` their total, for the disk estimate. `offline`: the hub's cache only."""
     if stage is not None and stage not in STAGES:
         raise ValueError(f"preflight stage {stage!r}: use one of {STAGES}")
     extract, train, bench = (stage in (None, name) for name in STAGES)
@@ -313,7 +331,7 @@ def run_preflight(config: dict, target_path: str, disabled_fixes=(), tokens: int
     check_versions(report, "vllm" in backends)
     if extract and config["extraction"]["backend"] == "vllm" and installed_version("vllm"):
         check_fixes_and_call_sites(report, disabled_fixes)
-    text = check_target(report, config, target_path, backends)
+    text = check_target(report, config, target_path, backends, offline)
     gpus = visible_gpu_count() if gpus is None else gpus
     if text is not None:
         if extract or bench:
@@ -387,30 +405,10 @@ def count_samples(stats_paths) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from draftsmith.config.workflow import ConfigError, load_config
+    """`draftsmith preflight` (draftsmith.cli parses its options)."""
+    from draftsmith.cli import main as cli_main
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", nargs="+", default=[], metavar="FILE",
-                        help="workflow config file(s), merged in order over the embedded default config/config.yaml")
-    parser.add_argument("--target", help="target model path or hub id (default: from the config)")
-    parser.add_argument("--json", help="also write the report as JSON here")
-    parser.add_argument("--disable-fix", action="append", default=[], choices=compat.FIX_NAMES,
-                        help="check as if this fix were off (shows what it prevents)")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as e:  # one line per problem, as `draftsmith validate` prints them
-        print(f"draftsmith preflight: {e}", file=sys.stderr)
-        return 2
-    results = Path(config["results"])
-    target = args.target or (str(results / "target") if config["target"]["model"] == "embedded" else config["target"]["model"])
-    stats = [results / "prepared" / d / "stats.json" for d in config["datasets"]]
-    report = run_preflight(config, target, args.disable_fix, count_tokens(stats), samples=count_samples(stats))
-    print("\n".join(report.lines()))
-    print(f"preflight: {'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    return 0 if report.ok else 1
+    return cli_main(["preflight", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ from draftsmith.io import read_json
 from draftsmith.vllm_stack import source
 
 
-def read_target_config(target: str, revision: str | None = None) -> dict:
-    """The target's config.json as a dict: from a local directory, or only that file from the hub."""
+def read_target_config(target: str, revision: str | None = None, offline: bool = False) -> dict:
+    """The target's config.json as a dict: from a local directory, or only that file from the hub (`offline`: from
+    its cache only)."""
     path = Path(target) / "config.json"
     if not Path(target).is_dir():
         from huggingface_hub import hf_hub_download
 
-        path = Path(hf_hub_download(target, "config.json", revision=revision))
+        path = Path(hf_hub_download(target, "config.json", revision=revision, local_files_only=offline))
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     return read_json(path, rebuild="the target model's files are damaged: download or import the model again")
