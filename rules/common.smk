@@ -14,6 +14,7 @@ from draftsmith.config.sources import PROMPT_SETS
 from draftsmith.config.workflow import (
     ConfigError,
     check_config,
+    config_sources,
     merge_files,
 )
 from draftsmith.data.mtbench import (
@@ -37,7 +38,7 @@ try:
         workflow.config_settings.config,
         default=Path(workflow.basedir) / "config" / "config.yaml",
     )
-    path_notes = resolve_paths(merged_config, workflow.configfiles)
+    path_notes = resolve_paths(merged_config, config_sources(workflow.configfiles))
     if workflow.is_main_process and path_notes:
         print("\n".join(path_notes), file=sys.stderr)
     config_problems = check_config(merged_config, workflow.configfiles)

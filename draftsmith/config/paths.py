@@ -36,15 +36,13 @@ def is_directory(model: str, folder: Path) -> bool:
     return model.startswith(("/", ".", "~")) or model.count("/") > 1 or (folder / model).is_dir()
 
 
-def resolve_paths(config: dict, files) -> list[str]:
-    """Make each relative path of `config` absolute against the folder of the file (of `files`, after the embedded
-    default) that sets it, in place; one line per path resolved, saying so."""
-    from draftsmith.config.workflow import _source, config_sources
-
-    sources = config_sources(files)
+def resolve_paths(config: dict, sources: list[tuple[str, dict]]) -> list[str]:
+    """Make each relative path of `config` absolute against the folder of the file (of `sources`: (file name, its
+    contents) in merge order, as config.workflow.config_sources gives them) that sets it, in place; one line per
+    path resolved, saying so."""
     notes = []
     for key, value, kind in path_keys(config):
-        source = Path(_source(key, sources)).resolve()
+        source = Path(setting_file(key, sources)).resolve()
         if kind == "target" and not is_directory(value, source.parent):
             continue
         path = Path(value).expanduser()
@@ -86,3 +84,19 @@ def path_problems(config: dict) -> list[tuple[tuple, str]]:
             continue
         problems.append((key, problem))
     return problems
+
+def setting_file(path: tuple, sources: list[tuple[str, dict]]) -> str:
+    """The last file that sets the longest leading part of `path` (the last file where none does)."""
+    best, depth = (sources[-1][0] if sources else "config"), 0
+    for name, node in sources:
+        found = 0
+        for key in path:
+            if isinstance(node, dict) and key in node:
+                node, found = node[key], found + 1
+            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+                node, found = node[key], found + 1
+            else:
+                break
+        if found and found >= depth:
+            best, depth = name, found
+    return best

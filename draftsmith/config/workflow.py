@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.config.paths import path_problems, resolve_paths, setting_file
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "config" / "config.yaml"
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
@@ -111,10 +113,9 @@ def validate(config: dict) -> dict:
 
 
 def load_config(paths: list[str | Path]) -> dict:
-    from draftsmith.config.paths import resolve_paths
 
     config = merge_files(paths)
-    resolve_paths(config, paths)
+    resolve_paths(config, config_sources(paths))
     problems = check_config(config, paths)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -147,8 +148,6 @@ def check_config(config: dict, files) -> list[str]:
     """Every problem of the merged `config` as one line `<file>: <key path>: <problem>`, the file being the last of
     `files` (and the embedded default) that sets the key. An integral float where the schema says integer is
     replaced by the int in `config` (not a problem). Defaults are not filled in (`validate` does that)."""
-    from draftsmith.config.paths import path_problems
-
     sources = config_sources(files)
     problems = [(path, f"{_yaml_float(value)} is not a finite number") for path, value in _leaves(config)
                 if isinstance(value, float) and not math.isfinite(value)]
@@ -165,7 +164,7 @@ def check_config(config: dict, files) -> list[str]:
             problems += _describe(e)
     problems += _between_keys(config)
     problems += path_problems(config)
-    lines = [f"{_source(path, sources)}: {_key(path)}: {problem}" for path, problem in problems]
+    lines = [f"{setting_file(path, sources)}: {_key(path)}: {problem}" for path, problem in problems]
     return list(dict.fromkeys(lines))
 
 
@@ -265,21 +264,6 @@ def _key(path: tuple) -> str:
     return text or "(top level)"
 
 
-def _source(path: tuple, sources: list[tuple[str, dict]]) -> str:
-    """The last file that sets the longest leading part of `path` (the last file where none does)."""
-    best, depth = (sources[-1][0] if sources else "config"), 0
-    for name, node in sources:
-        found = 0
-        for key in path:
-            if isinstance(node, dict) and key in node:
-                node, found = node[key], found + 1
-            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
-                node, found = node[key], found + 1
-            else:
-                break
-        if found and found >= depth:
-            best, depth = name, found
-    return best
 
 
 def section_defaults(section: str) -> dict:

@@ -13,7 +13,6 @@ says so and checks the rest. It reads the hub's cache only (no download, no retr
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 from draftsmith.artefacts import BUILT_TARGETS
@@ -402,14 +401,3 @@ def count_samples(stats_paths) -> dict[str, int]:
     """Samples per prepared dataset (records_kept of results/prepared/{dataset}/stats.json); missing files are left out."""
     return {Path(p).parent.name: read_json(p, rebuild=forcerun_hint(p))["records_kept"]
             for p in stats_paths if Path(p).exists()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`draftsmith preflight` (draftsmith.cli parses its options)."""
-    from draftsmith.cli import main as cli_main
-
-    return cli_main(["preflight", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
