@@ -273,7 +273,7 @@ def imported(smollm2_target):
     return smollm2_target, gguf.read_provenance(smollm2_target), model, tokenizer
 
 
-PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "regenerated_run", "self_written_run"}
+PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "answered_run"}
 
 
 def pytest_collection_modifyitems(config, items):

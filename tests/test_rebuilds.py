@@ -249,34 +249,48 @@ REGENERATE_CHANGES = {
 
 
 @pytest.fixture(scope="module")
-def regenerated_run(tmp_path_factory):
-    """The tiny configuration with its dataset regenerated (4 prompts, 2 new tokens each, sampled), run up to the
-    regenerated file; returns (workdir, that file)."""
+def answered_run(tmp_path_factory):
+    """The tiny configuration with two datasets the target answers, run up to their answers: `synthetic`
+    regenerated (4 prompts) and `mine`, of source self (2 prompts of at most 16 tokens), each answered with 2 new
+    tokens, sampled; returns (workdir, {dataset: its answers file})."""
     from conftest import write_config
 
-    workdir = tmp_path_factory.mktemp("regenerated")
+    workdir = tmp_path_factory.mktemp("answered")
     write_config(workdir, {
-        "embedded_target": {"pretrain_steps": 2},
+        "embedded_target": {"pretrain_steps": 40},  # an untrained target seldom ends a turn
         "synthetic": {"num_records": 24, "num_heldout": 2},
-        "datasets": {"synthetic": {"source": "synthetic", "regenerate": True, "max_records": 4}},
+        "datasets": {"synthetic": {"source": "synthetic", "regenerate": True, "max_records": 4},
+                     "mine": {"source": "self", "num_prompts": 2, "regenerate": True}},
+        "self_prompts": {"max_new_tokens": 16, "min_words": 1, "max_candidates_factor": 10},
         "regenerate": {"max_new_tokens": 2, "temperature": 0.5, "chunk_size": 2, "batch_size": 2, "device": "cpu",
                        "dtype": "float32"},
     })
-    answers = str(workdir / "results" / "data" / "regenerated" / "synthetic.jsonl")
-    snakemake(workdir, answers)
+    answers = {name: str(workdir / "results" / "data" / "regenerated" / f"{name}.jsonl") for name in ("synthetic", "mine")}
+    snakemake(workdir, *answers.values())
     return workdir, answers
 
 
-def test_regenerate_reruns_exactly_for_the_settings_that_change_its_answers(regenerated_run, tmp_path):
-    workdir, answers = regenerated_run
+def wrong_plans(answered_run, dataset: str, changes: dict, tmp_path) -> list[str]:
+    """Each key of `changes` (key -> (new value, the rules a plain run then re-runs)) changed alone in the answered
+    run's config: the rules a dry run for `dataset`'s answers plans, where they are not the expected ones."""
+    workdir, answers = answered_run
     config = yaml.safe_load((workdir / "config.yaml").read_text())
     wrong = []
-    for key, (value, reruns) in REGENERATE_CHANGES.items():
+    for key, (value, reruns) in changes.items():
+        changed_config = yaml.safe_load(yaml.safe_dump(config))
+        set_key(changed_config, key, value)
         changed = tmp_path / f"{key}.yaml"
-        changed.write_text(yaml.safe_dump({**config, "regenerate": {**config["regenerate"], key: value}}))
-        planned = set(jobs_planned(snakemake(workdir, answers, "-n", "--configfile", str(changed))))
-        if planned != ({"regenerate"} if reruns else set()):
-            wrong.append(f"regenerate.{key} = {value!r}: planned {sorted(planned)}, expected a re-run: {reruns}")
+        changed.write_text(yaml.safe_dump(changed_config))
+        planned = set(jobs_planned(snakemake(workdir, answers[dataset], "-n", "--configfile", str(changed))))
+        if planned != reruns:
+            wrong.append(f"{key} = {value!r}: planned {sorted(planned)}, expected {sorted(reruns)}")
+    return wrong
+
+
+def test_regenerate_reruns_exactly_for_the_settings_that_change_its_answers(answered_run, tmp_path):
+    changes = {f"regenerate.{key}": (value, {"regenerate"} if reruns else set())
+               for key, (value, reruns) in REGENERATE_CHANGES.items()}
+    wrong = wrong_plans(answered_run, "synthetic", changes, tmp_path)
     assert not wrong, "\n".join(wrong)
 
 
@@ -300,36 +314,6 @@ SELF_PROMPTS_CHANGES = {
 }
 
 
-@pytest.fixture(scope="module")
-def self_written_run(tmp_path_factory):
-    """The tiny configuration with one dataset of source self (2 prompts of at most 16 tokens, answered with 2 new
-    tokens), run up to the answers; returns (workdir, the answers file)."""
-    from conftest import write_config
-
-    workdir = tmp_path_factory.mktemp("self_written")
-    write_config(workdir, {
-        "embedded_target": {"pretrain_steps": 40},  # an untrained target seldom ends a turn
-        "synthetic": {"num_records": 24, "num_heldout": 2},
-        "datasets": {"mine": {"source": "self", "num_prompts": 2, "regenerate": True}},
-        "self_prompts": {"max_new_tokens": 16, "min_words": 1, "max_candidates_factor": 10},
-        "regenerate": {"max_new_tokens": 2, "temperature": 0.5, "chunk_size": 2, "batch_size": 2, "device": "cpu",
-                       "dtype": "float32"},
-    })
-    answers = str(workdir / "results" / "data" / "regenerated" / "mine.jsonl")
-    snakemake(workdir, answers)
-    return workdir, answers
-
-
-def test_self_prompts_rerun_exactly_for_the_settings_that_change_the_prompts(self_written_run, tmp_path):
-    workdir, answers = self_written_run
-    config = yaml.safe_load((workdir / "config.yaml").read_text())
-    wrong = []
-    for key, (value, reruns) in SELF_PROMPTS_CHANGES.items():
-        changed_config = yaml.safe_load(yaml.safe_dump(config))
-        set_key(changed_config, key, value)
-        changed = tmp_path / f"{key}.yaml"
-        changed.write_text(yaml.safe_dump(changed_config))
-        planned = set(jobs_planned(snakemake(workdir, answers, "-n", "--configfile", str(changed))))
-        if planned != reruns:
-            wrong.append(f"{key} = {value!r}: planned {sorted(planned)}, expected {sorted(reruns)}")
+def test_self_prompts_rerun_exactly_for_the_settings_that_change_the_prompts(answered_run, tmp_path):
+    wrong = wrong_plans(answered_run, "mine", SELF_PROMPTS_CHANGES, tmp_path)
     assert not wrong, "\n".join(wrong)
