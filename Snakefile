@@ -3,6 +3,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 from draftsmith import results_lock
+from draftsmith.fingerprints import record_run
 
 min_version("9.0")
 
@@ -33,6 +34,13 @@ onstart:
             results_lock.acquire(R)
         except results_lock.ResultsLockedError as e:
             raise WorkflowError(str(e)) from None
+        except OSError as e:  # a read-only tree: one line, not Snakemake's traceback
+            raise WorkflowError(
+                f"results: {R} cannot be written ({e.strerror}: {e.filename}); a run writes its lock and logs there. "
+                f"`draftsmith validate {R}` checks a read-only tree without writing to it"
+            ) from None
+        # the working directory and config files of this run: `draftsmith validate` reads them when given no config
+        record_run(R, [str(f) for f in workflow.overwrite_configfiles or []], config)
         from draftsmith.extraction import shards
 
         jobs = list(workflow.dag.needrun_jobs())

@@ -10,5 +10,8 @@ rule validate:
     resources:
         gpu=0,
         mem_mb=4000,
+    params:
+        # the user's config files: Snakemake's plan for them is checked, and each suggested command carries them
+        configfiles=[str(f) for f in workflow.overwrite_configfiles or []],
     script:
         "../scripts/validate.py"

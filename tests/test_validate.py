@@ -28,11 +28,12 @@ def test_validate_names_each_missing_output_and_the_command_that_rebuilds_it(tmp
 
     assert main(["validate", "--config", str(config)]) == 1  # the results directory comes from the config
     out = capsys.readouterr().out.splitlines()
+    plain = f"snakemake --cores all --configfile {config}"  # the user's config file: with it, the plan is theirs
     for shard in (0, 2):
         assert (f"FAIL {shards}/shard_{shard}: missing: the config implies this shard (rule extract_hidden_states); "
-                "`snakemake --cores all` rebuilds it and re-runs what depends on it "
-                f"(`snakemake --cores all {shards}/shard_{shard}/manifest.json` rebuilds it alone)") in out
-    assert f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); `snakemake --cores all` resumes it" in out
+                f"`{plain}` rebuilds it and re-runs what depends on it "
+                f"(`{plain} {shards}/shard_{shard}/manifest.json` rebuilds it alone)") in out
+    assert f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); `{plain}` resumes it" in out
     for output in ("vocab/d2t.npy", "draft/default/model.safetensors", "benchmark/default/summary.json", "report/report.html"):
         assert any(line.startswith(f"FAIL {r / output}: missing: the config implies this output") for line in out), output
     assert out[-1].endswith("failed") and out[-1].startswith("0 passed")
