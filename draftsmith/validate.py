@@ -138,14 +138,12 @@ def _check_records(findings: list[Finding], results: Path, expected: dict, rebui
         path = Path(key) if Path(key).is_absolute() else results / key
         return hashes.directory(path) if path.is_dir() and not whole else hashes.fingerprint(path)
 
-    changed, before = set(), len(findings)
+    changed, before, unrecorded = set(), len(findings), []
     for rule, paths in expected.items():
         for path in (p for p in paths if p.exists()):
             key, rec = tree_key(path, results), made.get(tree_key(path, results))
             if rec is None:
-                findings.append(Finding(str(path), False, f"no record of the job that made it (rule {rule}; made by "
-                                        f"an older draftsmith, or put there by hand); `{rebuild.forcerun(path)}` "
-                                        "rebuilds it"))
+                unrecorded.append(path)
             elif now(key) != rec["outputs"][key]:
                 changed.add(key)
                 findings.append(Finding(str(path), False, f"changed since rule {rec['rule']} made it "
@@ -159,6 +157,10 @@ def _check_records(findings: list[Finding], results: Path, expected: dict, rebui
             findings.append(Finding(str(first), False, f"made by rule {rec['rule']} from other inputs than the "
                                     f"current ones (changed since: {', '.join(stale[:3])}); "
                                     f"`{rebuild.forcerun(first)}` rebuilds it"))
+    if unrecorded:  # one finding: a tree made by an older draftsmith has none at all
+        findings.append(Finding(str(unrecorded[0]), False, f"no record of the job that made it, nor of {len(unrecorded) - 1} "
+                                "other outputs (made by an older draftsmith, or put there by hand), so their checksums "
+                                f"cannot be followed; `{rebuild.forcerun(unrecorded[0])}` rebuilds it and what depends on it"))
     if len(findings) == before:
         findings.append(Finding(str(results), True, f"every output is as its job wrote it, from the inputs it read "
                                 f"({len(records)} job records)"))

@@ -227,6 +227,13 @@ def self_prompts_engine():
     return {k: v for k, v in settings.items() if k not in ANSWER_ONLY}
 
 
+def respell(path):
+    raise WorkflowError(
+        f"{os.path.realpath(R)}/{path}: the results tree is {R} for Snakemake (relative to the working directory): "
+        f"name the file {R / path}"
+    )
+
+
 def outside_results(path):
     return not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(R))
 

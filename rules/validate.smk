@@ -15,3 +15,16 @@ rule validate:
         configfiles=[str(f) for f in workflow.overwrite_configfiles or []],
     script:
         "../scripts/validate.py"
+
+
+# Snakemake names each output of a results tree under the working directory relative to it (rules/common.smk): an
+# absolute path into the tree on the command line would name no rule's output. This rule matches such a path only to
+# say how to spell it.
+if not R.is_absolute():
+
+    rule absolute_path_into_results:
+        input:
+            lambda wc: respell(wc.path),
+        output:
+            os.path.join(os.path.realpath(R), "{path}"),
+        localrule: True

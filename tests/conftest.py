@@ -70,7 +70,12 @@ def write_config(workdir: Path, overrides: dict | None = None) -> Path:
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config."""
+    """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config. Paths into
+    `workdir`/results are passed as Snakemake spells a tree under its working directory (relative): an absolute one
+    names no rule's output (rules/common.smk normalises `results:` once)."""
+    tree = Path(os.path.realpath(workdir / "results"))
+    args = [os.path.relpath(a, os.path.realpath(workdir)) if os.path.isabs(a) and Path(os.path.realpath(a)).is_relative_to(tree)
+            else a for a in args]
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile",
            str(workdir / "config.yaml"), "--cores", "2", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

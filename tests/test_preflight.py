@@ -232,7 +232,7 @@ def test_snakemake_preflight_rule(tiny_target, tmp_path):
     proc = snakemake_preflight(tiny_target, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[  ok] layer ids" in proc.stdout and "[  ok] disk: shards need about" in proc.stdout
-    assert f"preflight: ok (log: {tmp_path / 'results' / 'logs' / 'preflight.log'})" in proc.stdout
+    assert "preflight: ok (log: results/logs/preflight.log)" in proc.stdout  # the tree lies under the working directory
 
 
 def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, tmp_path):

@@ -214,6 +214,8 @@ def test_target_content_stands_for_the_files_of_a_local_target(tmp_path):
     (target / ".snakemake_timestamp").write_text("")  # dotfiles are not the model's
     os.utime(target / "model.safetensors", ns=(1, 1))  # nor are modification times
     assert target_content(str(target), None, False, hashes) == local
+    shutil.copytree(target, tmp_path / "copy")  # a copy without -p: new mtimes, inodes and ctimes, the same bytes
+    assert target_content(str(tmp_path / "copy"), None, False, hashes) == local
     (target / "model.safetensors").write_bytes(b"weightz")
     assert target_content(str(target), None, False, hashes) != local
     # a target the workflow built is "as built" until its files change, and before it exists
