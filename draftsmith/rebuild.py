@@ -34,7 +34,8 @@ class Rebuild:
         files = [shlex.quote(f if not here else self.spelled(f)) for f in self.configfiles]
         # -s where the working directory is not this checkout (Snakemake looks for ./Snakefile)
         snakefile = [] if (self.workdir / "Snakefile").is_file() else ["-s", shlex.quote(str(REPO / "Snakefile"))]
-        cmd = " ".join(["snakemake", *snakefile, "--cores all", *(["--configfile", *files] if files else []), *args])
+        # --configfile last: it takes every word after it (a target there would be read as a config file)
+        cmd = " ".join(["snakemake", *snakefile, "--cores all", *args, *(["--configfile", *files] if files else [])])
         return cmd if here else f"cd {shlex.quote(str(self.workdir))} && {cmd}"
 
     def plain(self) -> str:

@@ -33,7 +33,8 @@ def test_validate_names_each_missing_output_and_the_command_that_rebuilds_it(tmp
     for shard in (0, 2):
         assert (f"FAIL {shards}/shard_{shard}: missing: the config implies this shard (rule extract_hidden_states); "
                 f"`{plain}` rebuilds it and re-runs what depends on it "
-                f"(`{plain} {shards}/shard_{shard}/manifest.json` rebuilds it alone)") in out
+                f"(`snakemake --cores all {shards}/shard_{shard}/manifest.json --configfile {config}` rebuilds it "
+                "alone)") in out
     assert f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); `{plain}` resumes it" in out
     for output in ("vocab/d2t.npy", "draft/default/model.safetensors", "benchmark/default/summary.json", "report/report.html"):
         assert any(line.startswith(f"FAIL {r / output}: missing: the config implies this output") for line in out), output
