@@ -23,7 +23,8 @@ def cmd_validate(args) -> int:
         if not configfiles:  # the config files the tree's last run was given (draftsmith.fingerprints.record_run)
             if run is None:
                 raise ConfigError(f"{results or 'no results directory given'}: no record of the config the tree was "
-                                  "made with (.draftsmith/run.json); name it: draftsmith validate RESULTS --config FILE ...")
+                                  "made with (.draftsmith/run.json); name it: "
+                                  "draftsmith validate RESULTS --config FILE ...")
             configfiles = run["configfiles"]
         config = load_config(configfiles)
         run = run or recorded_run(config["results"])

@@ -25,7 +25,8 @@ class Rebuild:
     planned: dict[str, str] = field(default_factory=dict)
 
     def spelled(self, path: str | Path) -> str:
-        """A path relative to the working directory when under it (what Snakemake and --forcerun match), else absolute."""
+        """A path relative to the working directory when under it (what Snakemake and --forcerun match), else
+        absolute."""
         real, base = Path(os.path.realpath(path)), Path(os.path.realpath(self.workdir))
         return str(real.relative_to(base)) if real.is_relative_to(base) else str(real)
 

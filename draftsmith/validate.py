@@ -81,30 +81,32 @@ def _missing(path: Path, rule: str, rebuild: Rebuild) -> str:
             f"re-runs what depends on it (`{rebuild.command(rebuild.spelled(path))}` rebuilds it alone)")
 
 
-def _resolved(path: str) -> str:
-    """A local path as the file it names (absolute, symlinks followed); a hub id as it is."""
-    return str(Path(path).resolve()) if Path(path).exists() else path
+def _resolved(path: str, base: Path) -> str:
+    """A local path (relative to `base`) as the file it names (absolute, symlinks followed); a hub id as it is."""
+    return str((base / path).resolve()) if (base / path).exists() else path
 
 
-def _by_file(inputs: dict) -> dict:
-    """Recorded or current inputs with their paths (shard manifests, the target's) resolved: the results tree named
-    another way (relative or absolute, through a symlink) holds the same inputs."""
+def _by_file(inputs: dict, base: Path) -> dict:
+    """Recorded or current inputs with their paths (shard manifests, the target's) resolved against `base` (a job's
+    working directory, or here): the results tree named another way (relative or absolute, through a symlink, from
+    another directory) holds the same inputs."""
     out = dict(inputs)
     if isinstance(out.get("shards"), dict):
-        out["shards"] = {_resolved(k): v for k, v in out["shards"].items()}
+        out["shards"] = {_resolved(k, base): v for k, v in out["shards"].items()}
     if isinstance(out.get("target"), dict) and isinstance(out["target"].get("path"), str):
-        out["target"] = {**out["target"], "path": _resolved(out["target"]["path"])}
+        out["target"] = {**out["target"], "path": _resolved(out["target"]["path"], base)}
     return out
 
 
-def _check_inputs(recorded: dict | None, current: dict, made_from: str, fix: str) -> None:
+def _check_inputs(recorded: dict | None, current: dict, made_from: str, fix: str, workdir: Path) -> None:
     """A draft's or a benchmark's recorded inputs against the results tree and target as they are now."""
     from draftsmith.provenance import changed_keys
 
     if recorded is None:
         raise ValueError(f"no record of the {made_from} it was made from (an older draftsmith wrote it); "
                          f"`{fix}` rebuilds it")
-    recorded, current = _by_file(recorded), _by_file(json.loads(json.dumps(current, default=str)))
+    recorded = _by_file(recorded, workdir)  # the paths its job saw, from Snakemake's working directory
+    current = _by_file(json.loads(json.dumps(current, default=str)), Path.cwd())
     if recorded != current:
         raise ValueError(f"made from other {made_from} than the current ones (changed: "
                          f"{', '.join(changed_keys(recorded, current))}); `{fix}` rebuilds it")
@@ -158,10 +160,11 @@ def _check_records(findings: list[Finding], results: Path, expected: dict, rebui
                                     f"current ones (changed since: {', '.join(stale[:3])}); "
                                     f"`{rebuild.forcerun(first)}` rebuilds it"))
     if unrecorded:  # one finding: a tree made by an older draftsmith has none at all
-        findings.append(Finding(str(unrecorded[0]), False, f"no record of the job that made it, nor of {len(unrecorded) - 1} "
+        first = unrecorded[0]
+        findings.append(Finding(str(first), False, f"no record of the job that made it, nor of {len(unrecorded) - 1} "
                                 "other outputs (made by an older draftsmith, or put there by hand), so their checksums "
-                                f"cannot be followed; `{rebuild.forcerun(unrecorded[0])}` rebuilds it and what depends on it"))
-    if len(findings) == before:
+                                f"cannot be followed; `{rebuild.forcerun(first)}` rebuilds it and what depends on it"))
+    if len(findings) == before and records:
         findings.append(Finding(str(results), True, f"every output is as its job wrote it, from the inputs it read "
                                 f"({len(records)} job records)"))
     hashes.save()
@@ -251,7 +254,7 @@ def validate_results(config: dict, results: str | Path | None = None, configfile
             manifests = [m for m in artefacts.variant_manifests(config, v) if m.exists()]
             current = draft_inputs(manifests, d2t, t2d, fingerprint) if d2t.exists() and t2d.exists() else {}
             _check_inputs(read_json(d / "training_data.json").get("inputs"), current, "target, shards or vocab map",
-                          rebuild.forcerun(d / "model.safetensors"))
+                          rebuild.forcerun(d / "model.safetensors"), workdir)
 
         _check(findings, draft, check_draft)
         prompts = results / "benchmark" / "prompts.jsonl"
@@ -260,7 +263,7 @@ def validate_results(config: dict, results: str | Path | None = None, configfile
             if summary.exists() and prompts.exists():
                 _check(findings, summary, lambda s=summary, d=draft: _check_inputs(
                     read_json(s).get("inputs"), benchmark_inputs(d, prompts, fingerprint), "draft, prompts or target",
-                    rebuild.forcerun(s)))
+                    rebuild.forcerun(s), workdir))
     _check_records(findings, results, expected, rebuild)
     _check_plan(findings, results, expected, rebuild, plan_error)
     return findings
