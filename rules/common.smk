@@ -19,7 +19,7 @@ from draftsmith.data.mtbench import (
 )
 from draftsmith.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from draftsmith.data.regenerate import regenerate_stats_path
-from draftsmith.fingerprints import ContentHashes, other_workdir, results_path
+from draftsmith.fingerprints import ContentHashes, results_path
 from draftsmith.provenance import target_content
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
@@ -54,11 +54,6 @@ os.environ.update(
 # (draftsmith.fingerprints.results_path); config["results"] says the same, for the report and validate.
 R = results_path(config["results"])
 config["results"] = str(R)
-if other_workdir(R):
-    raise WorkflowError(
-        f"results: {R} was made from the working directory {other_workdir(R)}, where Snakemake keeps its records of "
-        "how each output was made; run Snakemake there, or give another results directory"
-    )
 # sha256 of the inputs from outside the results tree (draftsmith.fingerprints), cached in R/.draftsmith
 CONTENT = ContentHashes(R)
 # Targets the workflow makes itself, into R / "target": "embedded" is pretrained by rule build_target,
