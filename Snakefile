@@ -3,6 +3,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 from draftsmith import results_lock
+from draftsmith.fingerprints import other_workdir, record_run
 
 min_version("9.0")
 
@@ -29,10 +30,24 @@ include: "rules/validate.smk"
 # the command that rebuilds the shard, instead of failing train_draft after its last good draft is deleted.
 onstart:
     if workflow.is_main_process:
+        # a run from another working directory would not see Snakemake's records of how each output was made
+        if other_workdir(R):
+            raise WorkflowError(
+                f"results: {R} was made from the working directory {other_workdir(R)}, where Snakemake keeps its "
+                "records of how each output was made; run Snakemake there, or give another results directory. "
+                "No job was started."
+            )
         try:
             results_lock.acquire(R)
         except results_lock.ResultsLockedError as e:
             raise WorkflowError(str(e)) from None
+        except OSError as e:  # a read-only tree: one line, not Snakemake's traceback
+            raise WorkflowError(
+                f"results: {R} cannot be written ({e.strerror}: {e.filename}); a run writes its lock and logs there. "
+                f"`draftsmith validate {R}` checks a read-only tree without writing to it"
+            ) from None
+        # the working directory and config files of this run: `draftsmith validate` reads them when given no config
+        record_run(R, [str(f) for f in workflow.overwrite_configfiles or []], config)
         from draftsmith.extraction import shards
 
         jobs = list(workflow.dag.needrun_jobs())

@@ -71,6 +71,17 @@ def expected_outputs(config: dict) -> dict[str, list[Path]]:
     return out
 
 
+def job_benchmark_files(config: dict) -> list[str]:
+    """The benchmark files (relative to <results>/benchmarks) of the config's jobs that have wildcards: a file of a
+    variant renamed away, a dataset removed or a shard beyond num_shards is not among them."""
+    datasets, variants = sorted(config["datasets"]), sorted(config["variants"])
+    files = [f"{rule}/{d}.tsv" for rule in ("prepare_dataset", "token_freq") for d in datasets]
+    files += [f"{rule}/{d}.tsv" for rule in ("self_prompts", "regenerate") for d in datasets]
+    files += [f"extract_hidden_states/{d}/shard_{k}.tsv" for d in datasets for k in range(config["extraction"]["num_shards"])]
+    files += [f"{rule}/{v}.tsv" for rule in ("train_draft", "benchmark") for v in variants]
+    return files + [f"benchmark/{v}.offline_reference.tsv" for v in variants]
+
+
 def target_model(config: dict) -> str:
     """The target every stage loads: <results>/target when the workflow builds it, else target.model."""
     if config["target"]["model"] in BUILT_TARGETS:

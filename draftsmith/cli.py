@@ -13,14 +13,28 @@ from draftsmith.io import forcerun_hint, read_json
 
 def cmd_validate(args) -> int:
     from draftsmith.config.workflow import ConfigError, load_config
+    from draftsmith.fingerprints import recorded_run
     from draftsmith.validate import validate_results, write_findings
 
+    configfiles, workdir = args.config, None
+    results = args.results
     try:
-        config = load_config(args.config)
-    except ConfigError as e:
+        run = recorded_run(results) if results else None
+        if not configfiles:  # the config files the tree's last run was given (draftsmith.fingerprints.record_run)
+            if run is None:
+                raise ConfigError(f"{results or 'no results directory given'}: no record of the config the tree was "
+                                  "made with (.draftsmith/run.json); name it: "
+                                  "draftsmith validate RESULTS --config FILE ...")
+            configfiles = run["configfiles"]
+        config = load_config(configfiles)
+        run = run or recorded_run(config["results"])
+        workdir = (run or {}).get("workdir")
+        if workdir and not Path(workdir).is_dir():
+            workdir = None
+    except (ConfigError, ValueError) as e:
         print(f"draftsmith validate: {e}", file=sys.stderr)
         return 2
-    findings = validate_results(config, args.results)
+    findings = validate_results(config, results, configfiles, workdir)
     for f in findings:
         print(f"{'ok  ' if f.ok else 'FAIL'} {f.path}: {f.message}")
     if args.json:
@@ -131,10 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a whole results tree against the config: every output it implies exists and "
                        "is intact (samples, shard checksums and tensors, vocab map, drafts, benchmarks, report), and each "
                        "draft and benchmark was made from the current target, shards, vocab map and prompts")
-    p.add_argument("results", nargs="?", help="results directory (default: the config's `results`, results)")
+    p.add_argument("results", nargs="?", help="results directory (default: the config's `results`)")
     p.add_argument("--config", nargs="+", default=[], metavar="FILE",
-                   help="workflow config file(s) the results were built with, merged in order over the embedded default "
-                   "config/config.yaml: they say which outputs must exist")
+                   help="workflow config file(s) to hold the results to, merged in order over the embedded default "
+                   "config/config.yaml: they say which outputs must exist and with which settings (default: the files "
+                   "the tree's last run was given, recorded in RESULTS/.draftsmith/run.json)")
     p.add_argument("--json", help="also write the findings to this JSON file")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("inspect", help="summarise a shard directory or a draft checkpoint")

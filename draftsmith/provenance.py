@@ -81,23 +81,11 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 FILES_RECORD = ".draftsmith_files.json"
 
 
-def file_listing(directory: str | Path) -> dict[str, list[int]]:
-    """Each file below `directory` as [size, mtime_ns], by relative path; dotfiles and dot-directories (Snakemake's
-    timestamp, the hub's download cache, FILES_RECORD) are left out."""
-    root = Path(directory)
-    listing = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if not name.startswith("."):
-                stat = (Path(dirpath) / name).stat()
-                listing[str((Path(dirpath) / name).relative_to(root))] = [stat.st_size, stat.st_mtime_ns]
-    return listing
-
-
 def record_files(directory: str | Path) -> None:
-    """Record a directory's files as its rule wrote them (the last write of a rule that builds a target)."""
-    write_json(Path(directory) / FILES_RECORD, file_listing(directory))
+    """Record a directory's files by content as its rule wrote them (the last write of a rule that builds a target)."""
+    from draftsmith.fingerprints import ContentHashes
+
+    write_json(Path(directory) / FILES_RECORD, ContentHashes().directory(directory))
 
 
 def hub_cache_commit(repo_id: str, revision: str | None) -> str | None:
@@ -108,23 +96,22 @@ def hub_cache_commit(repo_id: str, revision: str | None) -> str | None:
     return ref.read_text().strip() if ref.is_file() else None
 
 
-def target_content(model: str, revision: str | None, built: bool) -> str:
-    """A cheap stand-in for the target's content, computed while Snakemake builds the DAG (sizes and modification
-    times, no hashing), handed to every rule that loads the target, so that a target changed in place re-runs them.
+def target_content(model: str, revision: str | None, built: bool, hashes) -> str:
+    """The target's content, computed while Snakemake builds the DAG and handed to every rule that loads the target, so
+    that a target whose bytes change in place re-runs them, and one merely touched or copied re-runs nothing.
+    `hashes`: a draftsmith.fingerprints.ContentHashes (cached by size, mtime, inode and ctime).
 
-    A target the workflow builds is "as built" while its files are those its rule recorded (or before it exists): a
-    rebuild re-runs what depends on it through the file dependency already. A local directory is a hash of its
-    listing; a hub id, the commit the local hub cache resolves its revision to."""
-    from draftsmith.io import sha256_bytes
-
+    A target the workflow builds is "as built" while its files hold what its rule recorded (or before it exists): a
+    rebuild re-runs what depends on it through the file dependency already. A local directory is a digest of its
+    files' digests; a hub id, the commit the local hub cache resolves its revision to."""
     path = Path(model)
     if not path.is_dir():
         return f"hub commit {hub_cache_commit(model, revision)}" if not built else "as built"
-    listing = file_listing(path)
+    digests = hashes.directory(path)
     record = path / FILES_RECORD
-    if built and record.is_file() and json.loads(record.read_text()) == listing:
+    if built and record.is_file() and json.loads(record.read_text()) == digests:
         return "as built"
-    return "files " + sha256_bytes(json.dumps(listing, sort_keys=True).encode())[:16]
+    return "files " + sha256_bytes(json.dumps(digests, sort_keys=True).encode())[:16]
 
 
 # --- what a draft and a benchmark were made from (recorded in them; `validate` compares it with the results tree) ---
@@ -147,3 +134,48 @@ def benchmark_inputs(draft_dir, prompts, target_fingerprint: dict) -> dict:
 def record_inputs(path, inputs: dict) -> None:
     """Add `inputs` (as read when the job started) to a JSON output its job wrote."""
     write_json(path, {**read_json(path), "inputs": json.loads(json.dumps(inputs, default=str))})
+
+
+# --- what each job read and wrote, by content (written when it finishes; `validate` follows the chain) ---------------
+
+JOBS_DIR = "jobs"
+
+
+def tree_key(path: str | Path, results: Path) -> str:
+    """A path as a job record names it: relative to the results tree when inside it (a moved or copied tree keeps its
+    records), else absolute."""
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(results))
+    return str(real.relative_to(root)) if real.is_relative_to(root) else str(real)
+
+
+def job_record_path(results: Path, first_output: str | Path) -> Path:
+    from draftsmith.fingerprints import STATE_DIR
+
+    return results / STATE_DIR / JOBS_DIR / f"{tree_key(first_output, results)}.json"
+
+
+def record_job(rule: str, inputs, outputs, results: str | Path) -> None:
+    """The sha256 of every input a job read and every output it wrote (a directory output file by file), in
+    <results>/.draftsmith/jobs/<its first output>.json."""
+    from draftsmith.fingerprints import ContentHashes
+
+    results = Path(results)
+    outputs = [str(p) for p in outputs]
+    if not outputs:
+        return
+    hashes = ContentHashes(results)
+    record = {
+        "rule": rule,
+        "inputs": {tree_key(p, results): hashes.fingerprint(p) for p in dict.fromkeys(map(str, inputs))},
+        "outputs": {tree_key(p, results): hashes.directory(p) if Path(p).is_dir() else hashes.fingerprint(p)
+                    for p in outputs},
+    }
+    write_json(job_record_path(results, outputs[0]), record)
+    hashes.save()
+
+
+def job_records(results: str | Path) -> list[dict]:
+    from draftsmith.fingerprints import STATE_DIR
+
+    root = Path(results) / STATE_DIR / JOBS_DIR
+    return [read_json(p) for p in sorted(root.rglob("*.json"))] if root.is_dir() else []

@@ -64,4 +64,8 @@ def run(main, snakemake) -> None:
     except Exception:
         log.error("rule %s failed:\n%s", snakemake.rule, traceback.format_exc())
         raise
+    if results:
+        from draftsmith.provenance import record_job
+
+        record_job(snakemake.rule, snakemake.input, snakemake.output, results)
     log.info("rule %s finished", snakemake.rule)

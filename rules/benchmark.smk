@@ -2,7 +2,7 @@
 # training data can be checked against it.
 rule benchmark_prompts:
     input:
-        benchmark_prompts_input(),
+        by_content(benchmark_prompts_input()),
     output:
         R / "benchmark" / "prompts.jsonl",
     log:
@@ -16,6 +16,7 @@ rule benchmark_prompts:
         mem_mb=1000,
     params:
         spec=benchmark_prompts_spec(),
+        content=content_of(benchmark_prompts_input()),
     script:
         "../scripts/benchmark_prompts.py"
 

@@ -24,6 +24,7 @@ from draftsmith.data.mtbench import (
 )
 from draftsmith.data.prompt_sets import prompt_set_file
 from draftsmith.data.regenerated import regenerate_stats_path
+from draftsmith.fingerprints import ContentHashes, results_path
 from draftsmith.provenance import target_content
 from draftsmith.target_model.gguf import GGUFTargetError, locate_gguf
 
@@ -61,7 +62,12 @@ os.environ.update(
     )
 )
 
-R = Path(config["results"])
+# One spelling of the results tree for Snakemake, which keys its records of each output by it
+# (draftsmith.fingerprints.results_path); config["results"] says the same, for the report and validate.
+R = results_path(config["results"])
+config["results"] = str(R)
+# sha256 of the inputs from outside the results tree (draftsmith.fingerprints), cached in R/.draftsmith
+CONTENT = ContentHashes(R)
 # Targets the workflow makes itself, into R / "target": "embedded" is pretrained by rule build_target,
 # the packaged SmolLM2 is imported from its GGUF by rule import_target.
 TARGET_RULE = artefacts.BUILT_TARGETS.get(config["target"]["model"])
@@ -126,12 +132,13 @@ TARGET_SPEC = canonical(
         "trust_remote_code": config["target"]["trust_remote_code"],
         "dtype": config["target"]["dtype"],
         "content": target_content(
-            TARGET_MODEL, config["target"]["revision"], built=bool(TARGET_RULE)
+            TARGET_MODEL, config["target"]["revision"], bool(TARGET_RULE), CONTENT
         ),
     }
 )
 # Rules that read only the target's tokenizer or config.json: its dtype (the weights') does not change their output.
 TARGET_FILES_SPEC = {k: v for k, v in TARGET_SPEC.items() if k != "dtype"}
+CONTENT.save()
 
 
 def target_spec(stage_dtype):
@@ -225,6 +232,30 @@ def self_prompts_engine():
     max_model_len), not the answers' sampling."""
     settings = job_settings("regenerate", config["regenerate"]["backend"])
     return {k: v for k, v in settings.items() if k not in ANSWER_ONLY}
+
+
+def respell(path):
+    raise WorkflowError(
+        f"{os.path.realpath(R)}/{path}: the results tree is {R} for Snakemake (relative to the working directory): "
+        f"name the file {R / path}"
+    )
+
+
+def outside_results(path):
+    return not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(R))
+
+
+def by_content(paths):
+    """Inputs as Snakemake should see them: one from outside the results tree with its mtime ignored (`ancient`): its
+    content decides, through content_of in the rule's params. A touch or a copy without -p re-runs nothing."""
+    return [ancient(p) if outside_results(p) else p for p in paths]
+
+
+def content_of(paths):
+    """The sha256 of each input from outside the results tree, by path (a rule's `content` param)."""
+    digests = {str(p): CONTENT.fingerprint(p) for p in paths if outside_results(p)}
+    CONTENT.save()
+    return digests
 
 
 def target_input():

@@ -22,7 +22,7 @@ if TARGET_RULE == "import_target":
 
     rule import_target:
         input:
-            gguf=packaged(locate_gguf),
+            gguf=ancient(packaged(locate_gguf)),
         output:
             directory(R / "target"),
         log:
@@ -37,6 +37,7 @@ if TARGET_RULE == "import_target":
             mem_mb=4000,
         params:
             model=config["target"]["model"],
+            content=content_of([packaged(locate_gguf)]),
         script:
             "../scripts/import_target.py"
 
@@ -65,7 +66,7 @@ elif TARGET_RULE == "build_target":
 
 rule prepare_dataset:
     input:
-        data=dataset_input,
+        data=lambda wc: by_content(dataset_input(wc)),
         target=target_input(),
     output:
         samples=R / "prepared" / "{dataset}" / "samples.parquet",
@@ -82,6 +83,8 @@ rule prepare_dataset:
         mem_mb=8000,
     params:
         spec=lambda wc: dataset_spec(wc.dataset),
+        # the data's bytes, not its mtime, decide a re-run (content_of in common.smk)
+        content=lambda wc: content_of(dataset_input(wc)),
         target=TARGET_FILES_SPEC,
         seq_length=config["seq_length"],
     script:
@@ -93,7 +96,7 @@ rule self_prompts:
     input:
         target=target_input(),
         # a prompt that is, or heavily overlaps, a benchmark prompt is dropped
-        benchmark_questions=lambda wc: packaged(mt_bench_questions_file),
+        benchmark_questions=lambda wc: ancient(packaged(mt_bench_questions_file)),
     output:
         jsonl=R / "data" / "self" / "{dataset}.jsonl",
         # num_prompts asked, candidates sampled, dropped by reason (regenerate carries them into its stats)
@@ -113,6 +116,7 @@ rule self_prompts:
         mem_mb=8000,
     params:
         num_prompts=lambda wc: config["datasets"][wc.dataset]["num_prompts"],
+        content=lambda wc: content_of([packaged(mt_bench_questions_file)]),
         self_prompts=job_settings("self_prompts"),
         target=target_spec(config["regenerate"]["dtype"]),
         # the backend and how it computes; chunk_size, batch_size, ... are read from the config at run time
@@ -123,11 +127,11 @@ rule self_prompts:
 
 rule regenerate:
     input:
-        data=regenerate_input,
+        data=lambda wc: by_content(regenerate_input(wc)),
         target=target_input(),
         # the benchmark's questions are never training prompts; resolved here, so that the job's own environment
         # (envs/vllm.yaml for the vllm backend) needs no data package
-        benchmark_questions=lambda wc: packaged(mt_bench_questions_file),
+        benchmark_questions=lambda wc: ancient(packaged(mt_bench_questions_file)),
     output:
         jsonl=R / "data" / "regenerated" / "{dataset}.jsonl",
         # prompts read, dropped by reason, duplicates (prepare_dataset carries them into its stats.json)
@@ -149,6 +153,9 @@ rule regenerate:
     params:
         spec=lambda wc: raw_dataset_spec(wc.dataset),
         source=lambda wc: config["datasets"][wc.dataset]["source"],
+        content=lambda wc: content_of(
+            [*regenerate_input(wc), packaged(mt_bench_questions_file)]
+        ),
         target=target_spec(config["regenerate"]["dtype"]),
         # the keys that change the answers (chunk_size, batch_size, ... are read from the config at run time)
         regenerate=job_settings("regenerate", config["regenerate"]["backend"]),

@@ -10,5 +10,21 @@ rule validate:
     resources:
         gpu=0,
         mem_mb=4000,
+    params:
+        # the user's config files: Snakemake's plan for them is checked, and each suggested command carries them
+        configfiles=[str(f) for f in workflow.overwrite_configfiles or []],
     script:
         "../scripts/validate.py"
+
+
+# Snakemake names each output of a results tree under the working directory relative to it (rules/common.smk): an
+# absolute path into the tree on the command line would name no rule's output. This rule matches such a path only to
+# say how to spell it.
+if not R.is_absolute():
+
+    rule absolute_path_into_results:
+        input:
+            lambda wc: respell(wc.path),
+        output:
+            os.path.join(os.path.realpath(R), "{path}"),
+        localrule: True

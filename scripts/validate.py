@@ -6,7 +6,7 @@ from draftsmith.validate import validate_results
 
 def main(smk):
     log = logging.getLogger("draftsmith.validate")
-    findings = validate_results(smk.config)
+    findings = validate_results(smk.config, configfiles=list(smk.params.configfiles))
     lines = [f"{'ok  ' if f.ok else 'FAIL'} {f.path}: {f.message}" for f in findings]
     for f, line in zip(findings, lines):
         (log.info if f.ok else log.error)(line)

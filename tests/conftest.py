@@ -93,7 +93,12 @@ def run_snakemake_cli(args: list[str], cwd: Path, env: dict) -> subprocess.Compl
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config."""
+    """Run the real workflow with `workdir` as working directory (logs, .snakemake) and its config. Paths into
+    `workdir`/results are passed as Snakemake spells a tree under its working directory (relative): an absolute one
+    names no rule's output (rules/common.smk normalises `results:` once)."""
+    tree = Path(os.path.realpath(workdir / "results"))
+    args = [os.path.relpath(a, os.path.realpath(workdir))
+            if os.path.isabs(a) and Path(os.path.realpath(a)).is_relative_to(tree) else a for a in args]
     args = ["-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"),
             "--cores", "2", *args]
     proc = run_snakemake_cli(args, Path.cwd(), {**os.environ, "PYTHONUNBUFFERED": "1"})

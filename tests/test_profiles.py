@@ -84,7 +84,7 @@ def slurm_calls(tmp_path_factory) -> dict[str, list[str]]:
              str(workdir / "config.yaml"), "--workflow-profile", str(REPO / "profiles" / "slurm"),
              # the faked files have no provenance, so only mtimes decide; one submission, no waiting
              "--rerun-triggers", "mtime", "--retries", "0", "--slurm-init-seconds-before-status-checks", "1",
-             "-f", str(workdir / target)],
+             "-f", target],  # relative, as Snakemake spells a results tree under its working directory
             capture_output=True, text=True, env=env, timeout=300)
         assert "not submitted (test double)" in proc.stderr, f"{rule}: sbatch was not called:\n{proc.stderr[-6000:]}"
     calls: dict[str, list[str]] = {}

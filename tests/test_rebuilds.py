@@ -202,24 +202,29 @@ def test_a_target_changed_in_place_reruns_every_rule_that_loads_it(run, tmp_path
 
 
 def test_target_content_stands_for_the_files_of_a_local_target(tmp_path):
+    from draftsmith.fingerprints import ContentHashes
     from draftsmith.provenance import record_files, target_content
 
     target = tmp_path / "target"
     target.mkdir()
     (target / "model.safetensors").write_bytes(b"weights")
     (target / "config.json").write_text("{}")
-    local = target_content(str(target), None, built=False)
-    assert target_content(str(target), None, built=False) == local  # stable while nothing changes
+    hashes = ContentHashes(tmp_path)
+    local = target_content(str(target), None, False, hashes)
+    assert target_content(str(target), None, False, hashes) == local  # stable while nothing changes
     (target / ".snakemake_timestamp").write_text("")  # dotfiles are not the model's
-    assert target_content(str(target), None, built=False) == local
-    os.utime(target / "model.safetensors", ns=(1, 1))
-    assert target_content(str(target), None, built=False) != local
+    os.utime(target / "model.safetensors", ns=(1, 1))  # nor are modification times
+    assert target_content(str(target), None, False, hashes) == local
+    shutil.copytree(target, tmp_path / "copy")  # a copy without -p: new mtimes, inodes and ctimes, the same bytes
+    assert target_content(str(tmp_path / "copy"), None, False, hashes) == local
+    (target / "model.safetensors").write_bytes(b"weightz")
+    assert target_content(str(target), None, False, hashes) != local
     # a target the workflow built is "as built" until its files change, and before it exists
-    assert target_content(str(tmp_path / "not-yet"), None, built=True) == "as built"
+    assert target_content(str(tmp_path / "not-yet"), None, True, hashes) == "as built"
     record_files(target)
-    assert target_content(str(target), None, built=True) == "as built"
+    assert target_content(str(target), None, True, hashes) == "as built"
     (target / "model.safetensors").write_bytes(b"WEIGHTS")
-    assert target_content(str(target), None, built=True).startswith("files ")
+    assert target_content(str(target), None, True, hashes).startswith("files ")
 
 
 def test_a_deleted_intermediate_is_rebuilt_by_a_plain_run(run, tmp_path):

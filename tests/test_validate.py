@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -28,11 +29,13 @@ def test_validate_names_each_missing_output_and_the_command_that_rebuilds_it(tmp
 
     assert main(["validate", "--config", str(config)]) == 1  # the results directory comes from the config
     out = capsys.readouterr().out.splitlines()
+    plain = f"snakemake --cores all --configfile {config}"  # the user's config file: with it, the plan is theirs
     for shard in (0, 2):
         assert (f"FAIL {shards}/shard_{shard}: missing: the config implies this shard (rule extract_hidden_states); "
-                "`snakemake --cores all` rebuilds it and re-runs what depends on it "
-                f"(`snakemake --cores all {shards}/shard_{shard}/manifest.json` rebuilds it alone)") in out
-    assert f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); `snakemake --cores all` resumes it" in out
+                f"`{plain}` rebuilds it and re-runs what depends on it "
+                f"(`snakemake --cores all {shards}/shard_{shard}/manifest.json --configfile {config}` rebuilds it "
+                "alone)") in out
+    assert f"FAIL {shards}/shard_1: unfinished shard (progress.jsonl without manifest); `{plain}` resumes it" in out
     for output in ("vocab/d2t.npy", "draft/default/model.safetensors", "benchmark/default/summary.json", "report/report.html"):
         assert any(line.startswith(f"FAIL {r / output}: missing: the config implies this output") for line in out), output
     assert out[-1].endswith("failed") and out[-1].startswith("0 passed")
@@ -46,11 +49,12 @@ def test_snakemake_validate_and_preflight_run_every_time_and_print_their_verdict
     for _ in range(2):
         proc = snakemake(run, "validate")
         assert "Nothing to be done" not in console(proc)
-        assert f"failed (log: {run / 'results' / 'logs' / 'validate.log'})" in proc.stdout and "validate: " in proc.stdout
+        # paths as Snakemake spells them: the results tree lies under the working directory
+        assert "failed (log: results/logs/validate.log)" in proc.stdout and "validate: " in proc.stdout
         assert ", 0 failed" in proc.stdout
         proc = snakemake(run, "preflight")
         assert "Nothing to be done" not in console(proc)
-        assert f"preflight: ok (log: {run / 'results' / 'logs' / 'preflight.log'})" in proc.stdout and "[  ok] layer ids" in proc.stdout
+        assert "preflight: ok (log: results/logs/preflight.log)" in proc.stdout and "[  ok] layer ids" in proc.stdout
 
 
 def test_validate_requires_the_vocab_map_and_names_what_is_missing(run, tmp_path):
@@ -62,7 +66,7 @@ def test_validate_requires_the_vocab_map_and_names_what_is_missing(run, tmp_path
     finally:
         shutil.copy2(tmp_path / "d2t.npy", d2t)
     assert proc.returncode != 0
-    assert f"FAIL {d2t}: missing: the config implies this output (rule vocab_map)" in proc.stdout
+    assert "FAIL results/vocab/d2t.npy: missing: the config implies this output (rule vocab_map)" in proc.stdout
 
 
 def test_validate_finds_drafts_and_benchmarks_made_from_another_target(run, tmp_path):
@@ -78,7 +82,7 @@ def test_validate_finds_drafts_and_benchmarks_made_from_another_target(run, tmp_
     finally:
         shutil.copy2(tmp_path / "model.safetensors", weights)
     assert proc.returncode != 0
-    out = proc.stdout
+    out, r = proc.stdout, Path("results")  # as Snakemake spells the tree under its working directory
     assert f"FAIL {r / 'shards' / 'synthetic' / 'shard_0'}: ValueError: extracted from another target" in out
     assert (f"FAIL {r / 'draft' / 'default'}: ValueError: made from other target, shards or vocab map than the current "
             "ones (changed: target.weights_sha256.model.safetensors)") in out

@@ -295,6 +295,9 @@ def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stat
         # Written for the record, and logged too: Snakemake deletes a failed job's outputs, stats.json among them.
         write_json(stats_path, stats)
         log.error("%s: stats (written to %s): %s", name, stats_path, json.dumps(stats, sort_keys=True))
+        if not read:
+            raise ValueError(f"dataset {name!r}: {spec.get('path') or spec.get('name')} holds no records (an empty "
+                             f"file or dataset); check datasets.{name}")
         raise ValueError(
             f"dataset {name!r} has no usable records ({read} read; skipped by reason: {dict(sorted(skipped.items())) or 'none'}); "
             "each skipped record is logged above with its file, line or record, and field, then the dataset's stats"

@@ -75,7 +75,9 @@ def manifests_read_not_made(jobs, shards_root: str | Path) -> list[str]:
     root = os.path.abspath(shards_root)
     made = {os.path.abspath(f) for job in jobs for f in job.output}
     read = {os.path.abspath(f) for job in jobs for f in job.input} - made
-    return sorted(f for f in read if os.path.basename(f) == MANIFEST and os.path.dirname(os.path.dirname(os.path.dirname(f))) == root)
+    found = sorted(f for f in read if os.path.basename(f) == MANIFEST and os.path.dirname(os.path.dirname(os.path.dirname(f))) == root)
+    # spelled as `shards_root` is (relative for a tree under the working directory): the hint's --forcerun must match
+    return found if os.path.isabs(shards_root) else [os.path.relpath(f) for f in found]
 
 
 def unreadable_manifests(paths) -> list[str]:

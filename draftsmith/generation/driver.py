@@ -278,6 +278,7 @@ def _regenerate(prompts, target: TargetSpec, out_jsonl: Path, backend, show_prog
              "dropped_by_reason": dict(sorted(records.dropped.items())),
              "duplicate_prompts": records.dropped["duplicate_prompt"],
              "duplicate_record_ids": records.duplicate_record_ids,
+             "later_user_turns_dropped": records.later_user_turns,
              "num_prompts": len(records), "backend": backend.name, **backend.settings, "samples_per_prompt": n,
              "chunks": len(chunks), "chunks_reused": len(chunks) - len(todo),
              "num_answers": 0, "duplicate_answers": 0, "finish_reasons": {}, "new_tokens": 0, "empty_answers": 0,

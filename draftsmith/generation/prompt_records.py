@@ -27,18 +27,21 @@ class PromptRecords(list):
     `records_read`: records read from the raw data (for source fastchat, user turns); `dropped`: a Counter of
     the prompts read but not in the list, by reason; `duplicate_record_ids`: prompts whose id repeated an
     earlier prompt's (kept under `id#2`, `id#3`, ...). Every prompt read is either in the list or in `dropped`.
+    `later_user_turns`: user turns after a record's first, which a prompt leaves out (the target answers the first).
     """
 
-    def __init__(self, records=(), records_read: int | None = None, dropped=None, duplicate_record_ids: int = 0):
+    def __init__(self, records=(), records_read: int | None = None, dropped=None, duplicate_record_ids: int = 0,
+                 later_user_turns: int = 0):
         super().__init__(records)
         self.dropped = Counter({k: v for k, v in (dropped or {}).items() if v})
         self.records_read = len(self) + sum(self.dropped.values()) if records_read is None else records_read
         self.duplicate_record_ids = duplicate_record_ids
+        self.later_user_turns = later_user_turns
 
     def keep(self, kept, reason: str) -> "PromptRecords":
         """A copy holding `kept` (some of these records, in order); the others are counted as dropped for `reason`."""
         kept = list(kept)
-        out = PromptRecords(kept, self.records_read, self.dropped, self.duplicate_record_ids)
+        out = PromptRecords(kept, self.records_read, self.dropped, self.duplicate_record_ids, self.later_user_turns)
         if len(self) > len(kept):
             out.dropped[reason] += len(self) - len(kept)
         return out
@@ -65,20 +68,34 @@ def prompt_text_key(messages: list[dict]) -> tuple:
     return tuple((m["role"], " ".join(m["content"].casefold().split())) for m in messages)
 
 
-def _read_prompt_file(spec) -> tuple[list[tuple[str, dict]], int, Counter]:
-    """(where, record) of each usable prompt of a JSONL path or dataset spec, the number of records read, and
-    the records skipped by reason (each logged, named by `line N` or `record N`)."""
+def _later_user_turns(data: dict) -> int:
+    """User turns of a raw record after its first (a prompt is the first; the later ones are not answered)."""
+    from draftsmith.data.chat_data import normalise
+
+    try:
+        turns = data["turns"] if "turns" in data else normalise(data, require_reply=False)
+    except Exception:  # noqa: BLE001 - a record that yields a prompt but does not normalise has no later turns to count
+        return 0
+    users = [t for t in turns if isinstance(t, str) or t.get("role") == "user"]
+    return max(0, len(users) - 1)
+
+
+def _read_prompt_file(spec) -> tuple[list[tuple[str, dict]], int, Counter, int]:
+    """(where, record) of each usable prompt of a JSONL path or dataset spec, the number of records read, the
+    records skipped by reason (each logged, named by `line N` or `record N`), and the user turns left out after
+    each prompt's first."""
     from draftsmith.data.prompts import iter_prompts
 
-    entries, read, skipped = [], 0, Counter()
+    entries, read, skipped, later = [], 0, Counter(), 0
     for raw, prompt in iter_prompts(spec):
         read += 1
         if isinstance(prompt, Exception):
             skipped[prompt.reason] += 1
             log.warning("regenerate: skipped %s: %s", raw.where, prompt)
             continue
+        later += _later_user_turns(raw.data)
         entries.append((raw.where, {"id": prompt["prompt_id"], "messages": prompt["messages"]}))
-    return entries, read, skipped
+    return entries, read, skipped, later
 
 
 def _check_prompt_list(prompts) -> tuple[list[tuple[str, dict]], int, Counter, int]:
@@ -119,15 +136,21 @@ def load_prompt_records(prompts) -> PromptRecords:
     - dropped as `duplicate_prompt` if it is the same prompt as an earlier one (`prompt_text_key`: case and
       whitespace aside), which would be answered twice and could land in both training and validation.
     """
+    later = carried = 0
     if isinstance(prompts, dict):
-        entries, read, dropped = _read_prompt_file(prompts)
+        entries, read, dropped, later = _read_prompt_file(prompts)
         duplicate_ids, name = 0, prompts.get("path") or prompts.get("name")
     elif isinstance(prompts, (str, Path)):
-        entries, read, dropped = _read_prompt_file(prompts)
+        entries, read, dropped, later = _read_prompt_file(prompts)
         duplicate_ids, name = 0, str(prompts)
     else:
         entries, read, dropped, duplicate_ids = _check_prompt_list(prompts)
         name = "the prompt list"
+        # counted (and warned) where the list was read from its file
+        carried = getattr(prompts, "later_user_turns", 0)
+    if later:
+        log.warning("regenerate: %d user turns after the first of their record are left out of %s (the target "
+                    "answers each record's first user turn)", later, name)
     if not read:
         raise ValueError(f"no prompts in {name}")
     out, used, occurrences = [], set(), Counter()
@@ -155,7 +178,7 @@ def load_prompt_records(prompts) -> PromptRecords:
             continue
         first_text[key] = where
         out.append(rec)
-    return PromptRecords(out, read, dropped, duplicate_ids)
+    return PromptRecords(out, read, dropped, duplicate_ids, later or carried)
 
 
 def regeneration_prompts(spec: dict, source: str, benchmark_questions: str | Path | None = None) -> PromptRecords:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from draftsmith.artefacts import job_benchmark_files
 from draftsmith.io import atomic_dir, write_text
 from draftsmith.report.backends import backend_findings, backends_table
 from draftsmith.report.figures import FIGURES, draw_figures
@@ -102,7 +103,8 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
     verdict = verdict_lines(summary_by_variant, methods, predicted, data_size)
     notes = [note for note in [cpu_demo_note(summary_by_variant, config)] if note]
     lines = findings(summary_by_variant, methods, stats_df, metrics_df, by_category, data_size, batch)
-    stages = stage_times(benchmarks) if benchmarks is not None else pd.DataFrame()
+    # the jobs of this config only: a variant renamed away left its files behind
+    stages = stage_times(benchmarks, job_benchmark_files(config)) if benchmarks is not None else pd.DataFrame()
     if not stages.empty:
         tables["stages"] = stages
         lines.append(total_line(stages))

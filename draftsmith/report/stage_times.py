@@ -33,13 +33,17 @@ def read_benchmark_file(path: Path) -> dict:
     return {"seconds": seconds, "rss": float(rss)}
 
 
-def stage_times(benchmarks: str | Path) -> pd.DataFrame:
+def stage_times(benchmarks: str | Path, job_files=None) -> pd.DataFrame:
     """One row per stage that left benchmark files under `benchmarks` (COLUMNS), in the DAG's order; empty where
-    there are none (the folder missing too)."""
+    there are none (the folder missing too). `job_files`: the files of jobs with wildcards that count (relative to
+    `benchmarks`, draftsmith.artefacts.job_benchmark_files); those of a variant renamed away do not."""
     root = Path(benchmarks)
     jobs = []
     for path in sorted(root.rglob("*.tsv")) if root.is_dir() else []:
-        stage = path.relative_to(root).parts[0].removesuffix(".tsv")
+        relative = path.relative_to(root)
+        stage = relative.parts[0].removesuffix(".tsv")
+        if job_files is not None and len(relative.parts) > 1 and str(relative) not in job_files:
+            continue
         if stage != "report":
             jobs.append({"stage": stage, **read_benchmark_file(path)})
     if not jobs:
