@@ -46,8 +46,6 @@ onstart:
                 f"results: {R} cannot be written ({e.strerror}: {e.filename}); a run writes its lock and logs there. "
                 f"`draftsmith validate {R}` checks a read-only tree without writing to it"
             ) from None
-        # the working directory and config files of this run: `draftsmith validate` reads them when given no config
-        record_run(R, [str(f) for f in workflow.overwrite_configfiles or []], config)
         from draftsmith.extraction import shards
 
         jobs = list(workflow.dag.needrun_jobs())
@@ -60,6 +58,8 @@ onstart:
         if problems:
             results_lock.release(R)
             raise WorkflowError("\n".join([*problems, "No job was started."]))
+        # the working directory and config files of this run: `draftsmith validate` reads them when given no config
+        record_run(R, [str(f) for f in workflow.overwrite_configfiles or []], config)
 
 
 onsuccess:

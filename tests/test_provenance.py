@@ -83,7 +83,8 @@ def test_the_results_path_has_one_spelling(tmp_path, monkeypatch):
 
 
 def test_later_user_turns_of_a_regenerate_prompt_are_counted_and_warned(tiny_target, tmp_path, caplog):
-    from draftsmith.data import regenerate as regen
+    from draftsmith.generation.driver import regenerate
+    from draftsmith.generation.prompt_records import regeneration_prompts
     from draftsmith.io import write_jsonl
 
     raw = tmp_path / "raw.jsonl"
@@ -95,9 +96,9 @@ def test_later_user_turns_of_a_regenerate_prompt_are_counted_and_warned(tiny_tar
         {"id": "sharegpt", "conversations": [{"from": "human", "value": "What is 12 + 7?"}, {"from": "gpt", "value": "19"},
                                              {"from": "human", "value": "And 12 + 8?"}]},
     ])
-    with caplog.at_level("WARNING", logger="draftsmith.data.regenerate"):
-        records = regen.regeneration_prompts({"source": "local", "path": str(raw)}, "local")
-        stats = regen.regenerate(records, tiny_target, tmp_path / "out.jsonl", max_new_tokens=2, batch_size=3,
+    with caplog.at_level("WARNING", logger="draftsmith.generation"):
+        records = regeneration_prompts({"source": "local", "path": str(raw)}, "local")
+        stats = regenerate(records, tiny_target, tmp_path / "out.jsonl", max_new_tokens=2, batch_size=3,
                                  chunk_size=3, show_progress=False)
     assert [len(r["messages"]) for r in records] == [1, 2, 1]  # each prompt: system turns and the first user turn
     assert stats["later_user_turns_dropped"] == 3
