@@ -281,7 +281,15 @@ def imported(smollm2_target):
 PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "answered_run"}
 
 
+# The files that take longest start first, so that the workers finish together (pytest-xdist hands out files in
+# this order); measured in CPU seconds (DRAFTSMITH_TEST_CPU), the largest first.
+LONGEST_FIRST = ["test_default_pipeline.py", "test_rebuilds.py", "test_provenance.py", "test_faults.py",
+                 "test_pipeline.py", "test_learning_curve.py", "test_results_lock.py", "test_wheelhouse.py"]
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:
         if PIPELINE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.pipeline)
