@@ -18,6 +18,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+# Each pytest-xdist worker gets its share of the machine's cores, for Snakemake's --cores and torch's threads: two
+# workers each running torch on every core spin-wait against each other (a SmolLM2 decode step took 186 ms, not 20)
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+CORES = max(1, (os.cpu_count() or 1) // WORKERS)
 
 # Small enough for a 2-core CI machine, large enough that every stage does real work.
 TINY_CONFIG = {
@@ -100,7 +104,7 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     args = [os.path.relpath(a, os.path.realpath(workdir))
             if os.path.isabs(a) and Path(os.path.realpath(a)).is_relative_to(tree) else a for a in args]
     args = ["-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"),
-            "--cores", "2", *args]
+            "--cores", str(CORES), *args]
     proc = run_snakemake_cli(args, Path.cwd(), {**os.environ, "PYTHONUNBUFFERED": "1"})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
@@ -285,6 +289,14 @@ PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run"
 # this order); measured in CPU seconds (DRAFTSMITH_TEST_CPU), the largest first.
 LONGEST_FIRST = ["test_default_pipeline.py", "test_rebuilds.py", "test_provenance.py", "test_faults.py",
                  "test_pipeline.py", "test_learning_curve.py", "test_results_lock.py", "test_wheelhouse.py"]
+
+
+def pytest_configure(config):
+    if WORKERS > 1:  # this worker's share of the cores, for torch here and in every process it starts
+        os.environ["OMP_NUM_THREADS"] = str(CORES)
+        import torch
+
+        torch.set_num_threads(CORES)
 
 
 def pytest_collection_modifyitems(config, items):

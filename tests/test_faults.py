@@ -132,7 +132,8 @@ def test_deleted_shard_is_named_by_validate_and_rebuilt_by_a_plain_rerun(pipelin
     draft = sha256_file(r / "draft" / "default" / "model.safetensors")
     shutil.rmtree(workdir / SHARD)
 
-    missing = f"{workdir / SHARD}: missing: the config implies this shard (rule extract_hidden_states)"
+    # the tree lies under the working directory: Snakemake and validate spell it relative to it
+    missing = f"{SHARD}: missing: the config implies this shard (rule extract_hidden_states)"
     proc = snakemake(workdir, "validate", check=False)
     assert proc.returncode != 0 and missing in (workdir / "results" / "logs" / "validate.log").read_text()
     assert main(["validate", "--config", str(workdir / "config.yaml")]) == 1
@@ -196,7 +197,7 @@ def test_skipped_records_reach_the_console_and_their_counts_outlive_a_failed_job
     proc = snakemake(tmp_path, "--keep-going", *(str(r / "prepared" / d / "stats.json") for d in ("mixed", "broken")),
                      check=False)
     assert proc.returncode != 0
-    kept_stats = r / "logs" / "prepare_dataset" / "mixed.stats.json"
+    kept_stats = "results/logs/prepare_dataset/mixed.stats.json"  # as Snakemake spells the tree (relative)
     assert (f"prepare_dataset mixed: 40 of 200 records skipped (no_assistant_turn: 40), 160 kept; counts in "
             f"{kept_stats}; each skipped record is named in the rule's log") in proc.stdout
     assert "WARNING: dataset 'mixed': 20% of its records were skipped (more than 10%)" in proc.stdout

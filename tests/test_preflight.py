@@ -16,7 +16,8 @@ from conftest import REPO, SNAKEMAKE, TINY_CONFIG, jobs_planned, snakemake
 
 from draftsmith.config.workflow import validate
 from draftsmith.vllm_stack import compat, source
-from draftsmith.vllm_stack.preflight import main, run_preflight
+from draftsmith.cli import main as cli_main
+from draftsmith.vllm_stack.preflight import run_preflight
 
 CONFIG = {**copy.deepcopy(TINY_CONFIG), "target": {"model": "embedded", "revision": None, "trust_remote_code": False},
           "datasets": {"synthetic": {"source": "synthetic"}}, "variants": {"default": {}}}
@@ -29,6 +30,11 @@ KIMI_LIKE = {
                     "num_hidden_layers": 61, "vocab_size": 163840},
 }
 
+
+
+def main(argv: list[str]) -> int:
+    """`draftsmith preflight <argv>`."""
+    return cli_main(["preflight", *argv])
 
 @pytest.fixture
 def llama(tmp_path) -> Path:
@@ -310,7 +316,6 @@ def test_a_hub_target_is_read_from_the_cache_only(tmp_path, capsys):
 
 
 def test_help_names_the_command_and_folds_the_fix_names_into_one_option(llama, capsys):
-    from draftsmith.cli import main as cli_main
 
     with pytest.raises(SystemExit):
         cli_main(["preflight", "--help"])
