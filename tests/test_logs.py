@@ -34,10 +34,11 @@ def planned_files(proc: subprocess.CompletedProcess) -> dict[str, list[tuple[str
 
 
 def all_rules() -> set[str]:
+    """Every rule that makes something (absolute_path_into_results only explains a misspelt target, and fails)."""
     rules = set()
     for smk in (REPO / "rules").glob("*.smk"):
         rules |= set(re.findall(r"^\s*rule (\w+):", smk.read_text(), re.M))
-    return rules
+    return rules - {"absolute_path_into_results"}
 
 
 def test_every_rule_logs_under_the_results_of_its_config(tmp_path):

@@ -242,7 +242,7 @@ def test_snakemake_preflight_rule(tiny_target, tmp_path):
     assert "[  ok] layer ids" in proc.stdout and "[warn] disk: token count unknown until the datasets are prepared" \
         in proc.stdout
     assert "preflight: ok (log: results/logs/preflight.log)" in proc.stdout  # the tree lies under the working directory
-    snakemake_preflight(tiny_target, tmp_path, str(tmp_path / "results" / "prepared" / "chats" / "stats.json"))
+    snakemake_preflight(tiny_target, tmp_path, "results/prepared/chats/stats.json")  # as Snakemake spells the tree
     proc = snakemake_preflight(tiny_target, tmp_path)
     assert proc.returncode == 0 and "[  ok] disk: shards need about" in proc.stdout, proc.stderr[-3000:]
 
@@ -250,18 +250,18 @@ def test_snakemake_preflight_rule(tiny_target, tmp_path):
 def test_snakemake_preflight_rule_refuses_more_shards_than_samples(tiny_target, tmp_path):
     """The rule reads the prepared stats.json where it exists: 25 shards of 20 samples fail in preflight; a plain run fails in the
     extraction job's own preflight, before it loads the target."""
-    stats = tmp_path / "results" / "prepared" / "chats" / "stats.json"
-    snakemake_preflight(tiny_target, tmp_path, str(stats), extraction={"num_shards": 25})
+    stats = "results/prepared/chats/stats.json"  # the tree lies under the working directory: Snakemake's spelling
+    snakemake_preflight(tiny_target, tmp_path, stats, extraction={"num_shards": 25})
     proc = snakemake_preflight(tiny_target, tmp_path, extraction={"num_shards": 25})
     assert proc.returncode != 0
-    kept = json.loads(stats.read_text())["records_kept"]
+    kept = json.loads((tmp_path / stats).read_text())["records_kept"]
     assert kept == 20
     problem = (f"shard count: dataset 'chats' has 20 samples (records_kept in {stats}) but extraction.num_shards=25, "
                "so 5 shard(s) would be empty; set extraction.num_shards to at most 20")
     assert f"[FAIL] {problem}" in proc.stdout and "preflight: 1 problem(s)" in proc.stdout
-    manifest = tmp_path / "results" / "shards" / "chats" / "shard_0" / "manifest.json"
-    proc = snakemake_preflight(tiny_target, tmp_path, str(manifest), extraction={"num_shards": 25})
-    assert proc.returncode != 0 and not manifest.exists()
+    manifest = "results/shards/chats/shard_0/manifest.json"
+    proc = snakemake_preflight(tiny_target, tmp_path, manifest, extraction={"num_shards": 25})
+    assert proc.returncode != 0 and not (tmp_path / manifest).exists()
     log = tmp_path / "results" / "logs" / "extract_hidden_states" / "chats" / "shard_0.log"
     text = log.read_text()
     assert f"preflight (extract) found problems:\n{problem}" in text
