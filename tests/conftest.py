@@ -69,16 +69,23 @@ def write_config(workdir: Path, overrides: dict | None = None) -> Path:
 
 _FORK_SERVERS: queue.SimpleQueue = queue.SimpleQueue()  # idle tests/snakemake_forks.py processes
 FORKED_CPU_SECONDS = [0.0]  # CPU time of the commands those processes ran for this one
+SERVERS_PYTHONPATH = os.environ.get("PYTHONPATH")  # what those processes' interpreters read when they started
 
 
 def run_snakemake_cli(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """`snakemake *args` in `cwd` with `env`, through a tests/snakemake_forks.py process (Snakemake imported once per
-    process; one process per concurrent caller)."""
+    process; one process per concurrent caller). An environment whose PYTHONPATH differs from the one those processes
+    started with (a test that puts a stand-in package first) gets a new interpreter, which reads it at its start as
+    the `snakemake` script would."""
+    if env.get("PYTHONPATH") != SERVERS_PYTHONPATH:
+        return subprocess.run([SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True)
     try:
         server = _FORK_SERVERS.get_nowait()
     except queue.Empty:
+        start_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        start_env.update({"PYTHONPATH": SERVERS_PYTHONPATH} if SERVERS_PYTHONPATH is not None else {})
         server = subprocess.Popen([sys.executable, str(REPO / "tests" / "snakemake_forks.py")], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, cwd=REPO)
+                                  stdout=subprocess.PIPE, text=True, cwd=REPO, env=start_env)
         atexit.register(server.stdin.close)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"

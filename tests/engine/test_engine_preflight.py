@@ -59,7 +59,7 @@ def test_preflight_passes_on_the_engine_stack_with_every_fix_applied(target):
 def test_preflight_cli_finds_a_disabled_fix(target, tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({**CONFIG, "results": str(tmp_path / "results")}))
-    cmd = [sys.executable, "-m", "draftsmith.vllm_stack.preflight", "--config", str(path), "--target", str(target)]
+    cmd = [sys.executable, "-m", "draftsmith.cli", "preflight", "--config", str(path), "--target", str(target)]
     ok = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.splitlines()[-1] == "preflight: ok"
