@@ -41,7 +41,8 @@ onstart:
             results_lock.acquire(R)
         except results_lock.ResultsLockedError as e:
             raise WorkflowError(str(e)) from None
-        except OSError as e:  # a read-only tree: one line, not Snakemake's traceback
+        # a read-only tree: one line, not Snakemake's traceback
+        except OSError as e:
             raise WorkflowError(
                 f"results: {R} cannot be written ({e.strerror}: {e.filename}); a run writes its lock and logs there. "
                 f"`draftsmith validate {R}` checks a read-only tree without writing to it"
@@ -59,7 +60,9 @@ onstart:
             results_lock.release(R)
             raise WorkflowError("\n".join([*problems, "No job was started."]))
         # the working directory and config files of this run: `draftsmith validate` reads them when given no config
-        record_run(R, [str(f) for f in workflow.overwrite_configfiles or []], config)
+        record_run(
+            R, [str(f) for f in workflow.overwrite_configfiles or []], config
+        )
 
 
 onsuccess:

@@ -247,7 +247,8 @@ def outside_results(path):
 
 def by_content(paths):
     """Inputs as Snakemake should see them: one from outside the results tree with its mtime ignored (`ancient`): its
-    content decides, through content_of in the rule's params. A touch or a copy without -p re-runs nothing."""
+    content decides, through content_of in the rule's params. A touch or a copy without -p re-runs nothing.
+    """
     return [ancient(p) if outside_results(p) else p for p in paths]
 
 
