@@ -82,10 +82,11 @@ $(ENGINE_STAMP): $(ENGINE_LOCK) pyproject.toml
 
 install-engine: $(ENGINE_STAMP)
 
-# tests/engine (the real engine) and tests/contract (on the engine's CPU platform) under the engine venv:
+# tests/engine (the real engine) and tests/contract (on the engine's CPU platform) under the engine venv, in
+# TEST_WORKERS workers as the core suite:
 # a skip there (an engine that cannot run: a broken install) or no test collected is a failure.
 test-engine: $(ENGINE_STAMP)
-	$(ENGINE_BIN)/python -m pytest tests/engine tests/contract -rs $(PYTEST_ARGS) -o junit_family=xunit1 \
+	$(ENGINE_BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests/engine tests/contract -rs $(PYTEST_ARGS) -o junit_family=xunit1 \
 		--junitxml=$(ENGINE_VENV)/engine-tests.xml; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-engine: pytest collected no tests" >&2; exit 1; fi; \
 	[ $$rc -eq 0 ] || exit $$rc; \

@@ -294,8 +294,10 @@ PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run"
 
 # The files that take longest start first, so that the workers finish together (pytest-xdist hands out files in
 # this order); measured in CPU seconds (DRAFTSMITH_TEST_CPU), the largest first.
-LONGEST_FIRST = ["test_default_pipeline.py", "test_rebuilds.py", "test_provenance.py", "test_faults.py",
-                 "test_pipeline.py", "test_learning_curve.py", "test_results_lock.py", "test_wheelhouse.py"]
+LONGEST_FIRST = ["test_rebuilds.py", "test_default_pipeline.py", "test_faults.py", "test_provenance.py",
+                 "test_wheelhouse.py", "test_pipeline.py", "test_compiling.py", "test_batch_decoding.py",
+                 "test_validate.py", "test_learning_curve.py", "test_results_lock.py", "test_preflight.py",
+                 "test_engine_pipeline.py", "test_regenerate_engine.py", "test_ragged_attention.py"]
 
 
 def pytest_configure(config):
