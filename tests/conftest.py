@@ -292,8 +292,9 @@ def imported(smollm2_target):
 PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "answered_run"}
 
 
-# The files that take longest start first, so that the workers finish together (pytest-xdist hands out files in
-# this order); measured in CPU seconds (DRAFTSMITH_TEST_CPU), the largest first.
+# The files that take longest, in the order CI measured their CPU seconds: first in one process (TEST_WORKERS=0).
+# pytest-xdist's loadfile scheduler does not keep this order (it sorts files by their number of tests), so under
+# xdist the one-test files that take longest still start last: docs/BENCHMARKS.md, CI and test time.
 LONGEST_FIRST = ["test_rebuilds.py", "test_default_pipeline.py", "test_faults.py", "test_provenance.py",
                  "test_wheelhouse.py", "test_pipeline.py", "test_compiling.py", "test_batch_decoding.py",
                  "test_validate.py", "test_learning_curve.py", "test_results_lock.py", "test_preflight.py",
