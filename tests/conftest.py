@@ -57,11 +57,18 @@ def hf_backend(target_dir, aux, extractor=None, batch_tokens=1024, max_batch_siz
     return HFBackend(TargetSpec(str(target_dir)), aux, cfg, extractor=extractor)
 
 
-def write_config(workdir: Path, overrides: dict | None = None) -> Path:
-    config = {**TINY_CONFIG, "results": str(workdir / "results")}
+def with_overrides(config: dict, overrides: dict | None) -> dict:
+    """`config` with `overrides` merged in: a plain section key by key, anything else (and the named maps datasets
+    and variants, as in the workflow) replaced."""
+    config = dict(config)
     for key, value in (overrides or {}).items():
         merge = isinstance(value, dict) and isinstance(config.get(key), dict) and key not in ("datasets", "variants")
-        config[key] = {**config[key], **value} if merge else value  # named sections replace, as in the workflow
+        config[key] = {**config[key], **value} if merge else value
+    return config
+
+
+def write_config(workdir: Path, overrides: dict | None = None) -> Path:
+    config = with_overrides({**TINY_CONFIG, "results": str(workdir / "results")}, overrides)
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -197,9 +204,7 @@ def copy_run(run: Path, workdir: Path, overrides: dict | None = None) -> Path:
     config = yaml.safe_load((run / "config.yaml").read_text())
     if str(config.get("results", "")).startswith(old):
         config["results"] = new + config["results"][len(old):]
-    for key, value in (overrides or {}).items():
-        merge = isinstance(value, dict) and isinstance(config.get(key), dict) and key not in ("datasets", "variants")
-        config[key] = {**config[key], **value} if merge else value
+    config = with_overrides(config, overrides)
     (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return workdir
 
