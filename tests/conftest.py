@@ -297,13 +297,15 @@ def imported(smollm2_target):
 PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "answered_run"}
 
 
-# The files that take longest, in the order CI measured their CPU seconds: first in one process (TEST_WORKERS=0).
-# pytest-xdist's loadfile scheduler does not keep this order (it sorts files by their number of tests), so under
-# xdist the one-test files that take longest still start last: docs/BENCHMARKS.md, CI and test time.
-LONGEST_FIRST = ["test_rebuilds.py", "test_default_pipeline.py", "test_faults.py", "test_provenance.py",
-                 "test_wheelhouse.py", "test_pipeline.py", "test_compiling.py", "test_batch_decoding.py",
-                 "test_validate.py", "test_learning_curve.py", "test_results_lock.py", "test_preflight.py",
-                 "test_engine_pipeline.py", "test_regenerate_engine.py", "test_ragged_attention.py"]
+# The order files start in, costliest first by the CPU seconds CI measured (`.test-cpu.tsv`), except that the
+# second and fourth need no `pipeline_run`: under `--dist loadfile --no-loadscope-reorder` (the Makefile) worker 1
+# takes the first and third file, worker 2 the second and fourth, and worker 2 would otherwise wait on the lock
+# while worker 1 builds that run. Files not named follow in collection order.
+START_ORDER = ["test_rebuilds.py", "test_compiling.py", "test_pipeline.py", "test_batch_decoding.py", "test_faults.py",
+               "test_provenance.py", "test_validate.py", "test_results_lock.py", "test_learning_curve.py",
+               "test_preflight.py", "test_gguf_target.py", "test_profiles.py", "test_progress.py", "test_readme.py",
+               "test_training.py", "test_batch_spec.py", "test_spec_decode.py", "test_report.py",
+               "test_engine_pipeline.py", "test_regenerate_engine.py", "test_ragged_attention.py"]
 
 
 def pytest_configure(config):
@@ -315,7 +317,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(START_ORDER)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:
         if PIPELINE_FIXTURES & set(item.fixturenames):

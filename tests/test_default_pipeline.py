@@ -18,6 +18,8 @@ from conftest import snakemake, write_config
 from draftsmith.data import mtbench
 from draftsmith.io import read_json
 
+pytestmark = pytest.mark.slow
+
 SMALL_DEFAULT = {
     "target": {"model": "smollm2-135m-instruct"},
     "datasets": {"fastchat": {"source": "fastchat", "regenerate": True, "max_records": 12},

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 PYPI = "https://pypi.org/simple/pip/"
 
 
