@@ -33,8 +33,32 @@ def variant_datasets(config: dict, variant: str) -> list[str]:
     return [d for d in sorted(config["datasets"]) if d in names]
 
 
+# the extraction keys that set the hidden states when train_draft computes them (training.hidden_states: online)
+ONLINE_SETTINGS = ("aux_layer_ids", "dtype", "batch_tokens", "max_batch_size")
+
+
+def online_states(config: dict) -> bool:
+    """training.hidden_states: online computes the states in train_draft, and no shard is written."""
+    return config["training"].get("hidden_states", "offline") == "online"
+
+
 def variant_manifests(config: dict, variant: str) -> list[Path]:
+    """The shards a variant trains on (none online)."""
+    if online_states(config):
+        return []
     return [m for d in variant_datasets(config, variant) for m in shard_manifests(config, d)]
+
+
+def variant_samples(config: dict, variant: str) -> list[Path]:
+    """The prepared samples an online variant trains on (none offline: the shards carry them)."""
+    if not online_states(config):
+        return []
+    return [Path(config["results"]) / "prepared" / d / "samples.parquet" for d in variant_datasets(config, variant)]
+
+
+def variant_states_inputs(config: dict, variant: str) -> list[Path]:
+    """The files a variant's hidden states come from: its shard manifests offline, its prepared samples online."""
+    return variant_samples(config, variant) if online_states(config) else variant_manifests(config, variant)
 
 
 def offline_reference(config: dict) -> bool:
@@ -59,7 +83,8 @@ def expected_outputs(config: dict) -> dict[str, list[Path]]:
     out["prepare_dataset"] = [r / "prepared" / d / name for d in datasets for name in ("samples.parquet", "stats.json")]
     out["token_freq"] = [r / "vocab" / d / "token_freq.pt" for d in datasets]
     out["vocab_map"] = [r / "vocab" / name for name in ("token_freq.pt", "d2t.npy", "t2d.npy")]
-    out["extract_hidden_states"] = [m for d in datasets for m in shard_manifests(config, d)]
+    if not online_states(config):
+        out["extract_hidden_states"] = [m for d in datasets for m in shard_manifests(config, d)]
     out["train_draft"] = [r / "draft" / v / name for v in variants for name in DRAFT_FILES]
     out["benchmark_prompts"] = [r / "benchmark" / "prompts.jsonl"]
     out["benchmark"] = [r / "benchmark" / v / name for v in variants for name in BENCHMARK_FILES]
@@ -77,7 +102,9 @@ def job_benchmark_files(config: dict) -> list[str]:
     datasets, variants = sorted(config["datasets"]), sorted(config["variants"])
     files = [f"{rule}/{d}.tsv" for rule in ("prepare_dataset", "token_freq") for d in datasets]
     files += [f"{rule}/{d}.tsv" for rule in ("self_prompts", "regenerate") for d in datasets]
-    files += [f"extract_hidden_states/{d}/shard_{k}.tsv" for d in datasets for k in range(config["extraction"]["num_shards"])]
+    if not online_states(config):
+        files += [f"extract_hidden_states/{d}/shard_{k}.tsv" for d in datasets
+                  for k in range(config["extraction"]["num_shards"])]
     files += [f"{rule}/{v}.tsv" for rule in ("train_draft", "benchmark") for v in variants]
     return files + [f"benchmark/{v}.offline_reference.tsv" for v in variants]
 

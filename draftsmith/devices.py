@@ -35,6 +35,24 @@ def nvidia_smi_gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def gpu_memory_bytes() -> int | None:
+    """Total memory of the first visible GPU as nvidia-smi reports it (no CUDA initialisation); None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    env = _env_devices()
+    first = int(env[0]) if env and env[0].isdigit() else 0
+    return int(float(out[first])) * 2**20 if first < len(out) else None
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _env_devices() -> list[str] | None:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:

@@ -117,10 +117,16 @@ def target_content(model: str, revision: str | None, built: bool, hashes) -> str
 # --- what a draft and a benchmark were made from (recorded in them; `validate` compares it with the results tree) ---
 
 
-def draft_inputs(manifests, d2t, t2d, target_fingerprint: dict) -> dict:
-    """Each shard's sample list (its files' checksums), the vocab map's checksums and the target's fingerprint."""
-    shards = {str(m): sha256_bytes(json.dumps(read_json(m)["samples"], sort_keys=True).encode()) for m in manifests}
-    return {"shards": shards, "d2t_sha256": sha256_file(d2t), "t2d_sha256": sha256_file(t2d), "target": target_fingerprint}
+def draft_inputs(states_files, d2t, t2d, target_fingerprint: dict) -> dict:
+    """What the hidden states came from (offline: each shard manifest's sample list, its files' checksums; online:
+    each prepared-samples file's checksum), the vocab map's checksums and the target's fingerprint."""
+    states_files = [Path(p) for p in states_files]
+    if any(p.suffix == ".parquet" for p in states_files):
+        states = {"samples": {str(p): sha256_file(p) for p in states_files}}
+    else:
+        states = {"shards": {str(m): sha256_bytes(json.dumps(read_json(m)["samples"], sort_keys=True).encode())
+                             for m in states_files}}
+    return {**states, "d2t_sha256": sha256_file(d2t), "t2d_sha256": sha256_file(t2d), "target": target_fingerprint}
 
 
 def benchmark_inputs(draft_dir, prompts, target_fingerprint: dict) -> dict:

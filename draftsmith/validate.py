@@ -238,7 +238,7 @@ def validate_results(config: dict, results: str | Path | None = None, configfile
             raise ValueError(f"extracted from another target than the current {target}; `{rebuild.forcerun(manifest)}` "
                              "re-extracts it")
 
-    for manifest in exists["extract_hidden_states"]:
+    for manifest in exists.get("extract_hidden_states", []):
         _check(findings, manifest.parent, lambda m=manifest: check_shard(m))
     vocab = None
     if all(p.exists() for p in expected["vocab_map"]):
@@ -251,9 +251,10 @@ def validate_results(config: dict, results: str | Path | None = None, configfile
 
         def check_draft(d=draft, v=variant):
             _check_draft(d, vocab)
-            manifests = [m for m in artefacts.variant_manifests(config, v) if m.exists()]
-            current = draft_inputs(manifests, d2t, t2d, fingerprint) if d2t.exists() and t2d.exists() else {}
-            _check_inputs(read_json(d / "training_data.json").get("inputs"), current, "target, shards or vocab map",
+            states = [m for m in artefacts.variant_states_inputs(config, v) if m.exists()]
+            current = draft_inputs(states, d2t, t2d, fingerprint) if d2t.exists() and t2d.exists() else {}
+            what = "target, prepared samples or vocab map" if artefacts.online_states(config) else "target, shards or vocab map"
+            _check_inputs(read_json(d / "training_data.json").get("inputs"), current, what,
                           rebuild.forcerun(d / "model.safetensors"), workdir)
 
         _check(findings, draft, check_draft)

@@ -170,7 +170,8 @@ def main(argv=None):
     d2t, t2d = str(results / "vocab" / "d2t.npy"), str(results / "vocab" / "t2d.npy")
     cfg = {"draft_layers": 1, "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "lr": 1e-4, "epochs": args.epochs,
            "total_seq_length": args.total_seq_length, "scheduler": "linear", "warmup_steps": None, "noise_std": 0.05,
-           "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1, "tf32": args.tf32 == "on"}
+           "val_fraction": 0.1, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1, "tf32": args.tf32 == "on",
+           "compile": "forward", "hidden_states": "offline"}  # the recipe compiles the whole forward too
     if not manifests or not Path(d2t).is_file():
         sys.exit(f"{results}: no shards or vocab map; build them first, e.g. `snakemake --cores all --configfile "
                  "config/gpu.yaml` (bash perf/gpu/pipeline.sh) or pass --results of a finished run")
@@ -243,7 +244,7 @@ def main(argv=None):
             secs, timer = timed(upstream_recipe, train_files, val_files, d2t, t2d, target, cfg, Path(tmp) / f"upstream{repeat}")
             runs.append((repeat, recipe, secs, timer))
             report(runs)
-            ours_args = {"manifests": manifests, "d2t": d2t, "t2d": t2d, "target": target.to_dict(), "training": cfg,
+            ours_args = {"states": {"mode": "offline", "paths": manifests}, "d2t": d2t, "t2d": t2d, "target": target.to_dict(), "training": cfg,
                          "state_dir": str(Path(tmp) / f"ours{repeat}"), "variant": "bench", "gpus": 1, "num_workers": 8}
             secs, timer = timed(run_training, ours_args)
             runs.append((repeat, ours, secs, timer))

@@ -338,12 +338,30 @@ def regenerate_input(wildcards):
 
 
 def all_shard_manifests(wildcards=None):
-    return [str(m) for m in artefacts.expected_outputs(config)["extract_hidden_states"]]
+    return [
+        str(m)
+        for m in artefacts.expected_outputs(config).get("extract_hidden_states", [])
+    ]
 
 
 def variant_manifests(wildcards):
-    """The shards a variant trains on: those of its `datasets`, else of every dataset."""
+    """The shards a variant trains on: those of its `datasets`, else of every dataset (none online)."""
     return [str(m) for m in artefacts.variant_manifests(config, wildcards.variant)]
+
+
+def variant_samples(wildcards):
+    """The prepared samples an online variant trains on (training.hidden_states: online; none offline)."""
+    return [str(m) for m in artefacts.variant_samples(config, wildcards.variant)]
+
+
+def training_states():
+    """train_draft's hidden-state source as its params: online, the extraction keys that set the states the target
+    computes in the job (artefacts.ONLINE_SETTINGS); offline nothing (the shards carry them).
+    """
+    if not artefacts.online_states(config):
+        return {"mode": "offline"}
+    settings = {k: config["extraction"][k] for k in artefacts.ONLINE_SETTINGS}
+    return canonical({"mode": "online", **settings})
 
 
 def variant_training(variant):

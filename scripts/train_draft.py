@@ -1,6 +1,7 @@
 from draftsmith.provenance import draft_inputs, record_inputs
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.sources import OnlineStates, ShardStates
 from draftsmith.training.trainer import train_draft
 from draftsmith.vllm_stack.preflight import gate
 
@@ -8,9 +9,11 @@ from draftsmith.vllm_stack.preflight import gate
 def main(smk):
     target = TargetSpec.from_dict(smk.params.target)
     gate(smk.config, target.model, "train")
-    inputs = draft_inputs(smk.input.manifests, smk.input.d2t, smk.input.t2d, target.fingerprint())
+    online = smk.params.states["mode"] == "online"
+    states = list(smk.input.samples if online else smk.input.manifests)
+    inputs = draft_inputs(states, smk.input.d2t, smk.input.t2d, target.fingerprint())
     train_draft(
-        manifests=list(smk.input.manifests),
+        states=OnlineStates(states, smk.params.states) if online else ShardStates(states),
         d2t=smk.input.d2t,
         t2d=smk.input.t2d,
         target=target,

@@ -71,6 +71,8 @@ CHANGES = {
         "draft_layers": 2, "ttt_steps": 3, "ttt_step_loss_decay": 0.5, "lr": 0.001, "epochs": 3,
         "total_seq_length": 384, "scheduler": "cosine", "warmup_steps": 2, "noise_std": 0.0, "tf32": False,
         "val_fraction": 0.2, "data_fraction": 0.5, "seed": 1, "gpus": 1}.items()},
+    "training.hidden_states": ("online", {"train_draft"}),  # the shards leave the DAG; nothing is extracted
+    "training.compile": ("forward", {"train_draft"}),  # on a GPU the draft's numerics (fused or not); a CPU compiles nothing
     "training.resume": (False, set(), "says whether an interrupted run continues; resumed training is bit-identical"),
     **{f"variants.default.{k}": (v, {"train_draft"}) for k, v in {
         "draft_layers": 2, "ttt_steps": 3, "ttt_step_loss_decay": 0.5, "lr": 0.001, "epochs": 3, "noise_std": 0.0,

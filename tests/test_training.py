@@ -50,6 +50,37 @@ def test_dense_mask_sdpa_matches_flex_attention_forward_over_ttt_steps():
     assert mask[120, 120 + 3 * total] and not mask[120, 119 + 3 * total]  # draft tokens: the diagonal only
 
 
+def test_the_eager_forward_is_speculators_own_forward_unwrapped(training_inputs, tiny_target):
+    """training.compile: attention runs speculators' forward without its torch.compile wrapper: the same function (on
+    the CPU, where dynamo is off, both give the same outputs bit for bit)."""
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    from draftsmith.training.attention import eager_forward
+    from draftsmith.training.trainer import use_cpu_attention
+
+    unwrapped = eager_forward(Eagle3DraftModel.forward)
+    assert unwrapped is not Eagle3DraftModel.forward and unwrapped.__code__.co_name == "forward"
+    assert "torch.compile" not in repr(unwrapped) and unwrapped.__module__ == Eagle3DraftModel.__module__
+    d2t = torch.from_numpy(np.load(training_inputs["d2t"]))
+    t2d = torch.from_numpy(np.load(training_inputs["t2d"]))
+    draft = build_draft(TargetSpec(str(tiny_target)), d2t, t2d, 1, AUX)
+    use_cpu_attention(draft)
+    data = torch.load(training_inputs["manifests"][0].removesuffix(MANIFEST) + "data_0.pt", weights_only=True)
+    n = len(data["input_ids"])
+    batch = {"hidden_states": torch.cat(data["hidden_states"][:-1], -1)[None], "input_ids": data["input_ids"][None],
+             "verifier_last_hidden_states": data["hidden_states"][-1][None], "loss_mask": data["loss_mask"][None],
+             "lengths": torch.tensor([n]), "position_ids": torch.arange(n)[None]}
+    disabled = torch._dynamo.config.disable
+    torch._dynamo.config.disable = True
+    try:
+        with torch.no_grad():
+            _, wrapped_loss, _ = draft(**batch, ttt_steps=2)
+            _, eager_loss, _ = unwrapped(draft, **batch, ttt_steps=2)
+    finally:
+        torch._dynamo.config.disable = disabled
+    assert torch.equal(wrapped_loss, eager_loss)
+
+
 def test_flex_attention_backward_probe_reflects_the_device():
     assert flex_attention_trains_on(torch.device("cpu")) is False  # "FlexAttention does not support backward on CPU"
 
@@ -67,12 +98,14 @@ def training_inputs(tiny_target, tiny_samples, tmp_path_factory):
     d2t, t2d = build_vocab_map(token_frequencies(tiny_samples), 256, 512)
     save_npy(root / "d2t.npy", d2t)
     save_npy(root / "t2d.npy", t2d)
-    return {"manifests": manifests, "d2t": str(root / "d2t.npy"), "t2d": str(root / "t2d.npy"), "root": root}
+    return {"manifests": manifests, "d2t": str(root / "d2t.npy"), "t2d": str(root / "t2d.npy"), "root": root,
+            "samples": str(tiny_samples)}
 
 
-def train(inputs, tiny_target, name, **overrides):
+def train(inputs, tiny_target, name, states=None, **overrides):
+    """Train on `states` (a hidden-state source; default: the shards of `inputs`); the metric rows."""
     out = inputs["root"] / name
-    train_draft(inputs["manifests"], inputs["d2t"], inputs["t2d"], TargetSpec(str(tiny_target)), {**TRAINING, **overrides},
+    train_draft(states or inputs["manifests"], inputs["d2t"], inputs["t2d"], TargetSpec(str(tiny_target)), {**TRAINING, **overrides},
                 str(out / "state"), name, 0, str(out / "config.json"), str(out / "model.safetensors"),
                 str(out / "metrics.csv"), str(out / "training_data.json"))
     with open(out / "metrics.csv") as f:

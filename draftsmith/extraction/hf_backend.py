@@ -123,6 +123,12 @@ class HFHiddenStateExtractor:
         ready.record()
         return BatchStates(indices, host, owned=True, ready=ready)
 
+    def batch_states(self, batch_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each sample's states [num_layers, length, hidden] on the device, as ordinary tensors (copies, outside
+        inference mode), which autograd may save: online training feeds them to the draft."""
+        states = self.forward(batch_ids)
+        return [states[:, row, : len(ids)].clone() for row, ids in enumerate(batch_ids)]
+
     def sample_states(self, input_ids: list[int]) -> list[torch.Tensor]:
         """States of a single sample (no batching); the reference for tests and the batch-1 benchmark."""
         states = self.forward([input_ids])

@@ -96,7 +96,7 @@ def build_report(summaries, per_prompt, metrics, drafts, training_data, stats, m
         "training": training,
         "drafts": load_drafts(drafts),
         "data": stats_table(stats_df),
-        "shards": shards_df,
+        **({"shards": shards_df} if not shards_df.empty else {}),  # none online
         "versions": versions_table(summary_by_variant, manifest_list),
         "inputs": inputs_table({kind: paths for kind, paths in inputs.items() if paths}),
     }

@@ -80,15 +80,16 @@ SECTIONS = [
               "wrote itself, the candidates it wrote), dropped by regenerate before the target answered (for those "
               "prompts also by their checks: self_prompts reasons) and skipped by prepare (each by reason), kept, and "
               "tokens after truncation."),
-    ("shards", "Hidden-state shards",
-     "One row per shard; the manifest checksum covers the sha256 of every sample file it lists."),
     ("versions", "Package versions and devices", ""),
     ("inputs", "Input files", "Every file this report was built from, with the first digits of its sha256; the "
                                "full checksums follow, for sha256sum -c."),
 ]
 # sections shown only when their table exists, after the section named second
 OPTIONAL_SECTIONS = [
-    ("stages", "shards", "Time per stage",
+    ("shards", "data", "Hidden-state shards",
+     "One row per shard; the manifest checksum covers the sha256 of every sample file it lists. (None where "
+     "training.hidden_states is online: the target computed the states during training.)"),
+    ("stages", "data", "Time per stage",
      "Each rule's jobs from Snakemake's benchmark files (benchmarks/ beside the results): their wall seconds summed "
      "and the longest, and the largest peak resident memory of any of them. On one GPU (resources gpu=1) the GPU "
      "stages run one at a time, so their sums are their share of the run's wall time."),

@@ -1,5 +1,5 @@
-"""The training data: the validation split, the `data_fraction` of the rest, and speculators' loader over the shards,
-with the noise on the auxiliary states drawn per sample from a generator seeded by (seed, epoch, sample index), so that
+"""The training data: the validation split, the `data_fraction` of the rest, and speculators' packing loader over the
+samples of a hidden-state source (draftsmith.training.sources: shards, or the target online), with the noise on the auxiliary states drawn per sample from a generator seeded by (seed, epoch, sample index), so that
 a resumed run adds the same noise as an uninterrupted one whatever the worker count."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from draftsmith.extraction.shards import read_manifest, shard_files
+from draftsmith.training.sources import ShardStates, states_source
 
 
 def split_train_val(files: list[str], lengths: list[int], val_fraction: float, seed: int):
@@ -21,18 +21,18 @@ def split_train_val(files: list[str], lengths: list[int], val_fraction: float, s
     return ([files[i] for i in train], [lengths[i] for i in train]), ([files[i] for i in val], [lengths[i] for i in val])
 
 
-def training_split(manifest_paths: list[str], cfg: dict):
-    """(manifests, (train files, lengths), (val files, lengths)): the validation split first, then a seeded
-    `data_fraction` of the rest, so that variants at several fractions are validated on the same samples."""
-    manifests = [read_manifest(p) for p in manifest_paths]
-    files = shard_files(manifest_paths)
-    lengths = [e["num_tokens"] for m in manifests for e in m["samples"]]
-    (train_files, train_lengths), val = split_train_val(files, lengths, cfg["val_fraction"], cfg["seed"])
+def training_split(source, cfg: dict):
+    """(source, (train keys, lengths), (val keys, lengths)) of a hidden-state source (or a list of shard manifests):
+    the validation split first, then a seeded `data_fraction` of the rest, so that variants at several fractions are
+    validated on the same samples."""
+    source = source if hasattr(source, "keys_and_lengths") else states_source(list(source))
+    keys, lengths = source.keys_and_lengths()
+    (train_keys, train_lengths), val = split_train_val(keys, lengths, cfg["val_fraction"], cfg["seed"])
     if cfg["data_fraction"] < 1:
-        n = max(1, round(cfg["data_fraction"] * len(train_files)))
-        keep = sorted(random.Random(f"{cfg['seed']}:data_fraction").sample(range(len(train_files)), n))
-        train_files, train_lengths = [train_files[i] for i in keep], [train_lengths[i] for i in keep]
-    return manifests, (train_files, train_lengths), val
+        n = max(1, round(cfg["data_fraction"] * len(train_keys)))
+        keep = sorted(random.Random(f"{cfg['seed']}:data_fraction").sample(range(len(train_keys)), n))
+        train_keys, train_lengths = [train_keys[i] for i in keep], [train_lengths[i] for i in keep]
+    return source, (train_keys, train_lengths), val
 
 
 def noise_seed(seed: int, epoch: int, index: int) -> int:
@@ -59,7 +59,9 @@ class SampleSeededNoise:
         generator = torch.Generator().manual_seed(noise_seed(self.seed, *self.key))
         for name in self.tensors:
             x = data[name]
-            data[name] = x + 2 * (torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5) * self.std
+            # drawn on the CPU whatever the device of the states (online they are on the training device)
+            uniform = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+            data[name] = x + 2 * (uniform - 0.5) * self.std
         return data
 
 
@@ -98,23 +100,28 @@ class EpochTaggedBatchSampler(torch.utils.data.Sampler):
         return ([(epoch, int(i)) for i in batch] for batch in self.batch_sampler)
 
 
-def make_loader(files, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory):
-    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
+def make_loader(keys, lengths, total_seq_length, noise_std, world_size, rank, seed, num_workers, pin_memory,
+                source=None, device="cpu", target=None):
+    """speculators' packing loader over `keys` of `source` (default: shard files, as `training_split` gives them)."""
+    from speculators.train.data import create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from torch.utils.data import DataLoader
 
+    source = source if source is not None else ShardStates([])
+    if not source.num_workers_allowed:
+        num_workers, pin_memory = 0, False
     # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
     noise = SampleSeededNoise(noise_std, seed, tensors=("hidden_states",)) if noise_std > 0 else None
-    dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=files, transform=noise)
+    dataset = source.dataset(keys, total_seq_length, noise, device, target)
     sampler = MultipackDistributedBatchSamplerV2(
         batch_max_length=total_seq_length,
-        lengths=[n - 1 for n in lengths],  # exact lengths from the manifests (after the one-token shift)
+        lengths=[n - 1 for n in lengths],  # exact lengths (after the one-token shift)
         num_replicas=world_size,
         rank=rank,
         seed=seed,
     )
     if noise is not None:
-        dataset, sampler = SampleKeyedDataset(dataset, noise), EpochTaggedBatchSampler(sampler)
+        sampler = EpochTaggedBatchSampler(sampler)
     return DataLoader(
         dataset,
         batch_sampler=sampler,

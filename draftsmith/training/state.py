@@ -15,8 +15,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from draftsmith.extraction.shards import read_manifest
-from draftsmith.io import atomic_path, read_json, sha256_bytes, sha256_file, write_json
+from draftsmith.io import atomic_path, read_json, sha256_file, write_json
 from draftsmith.provenance import changed_keys, package_versions
 from draftsmith.target_model.spec import TargetSpec
 
@@ -78,20 +77,18 @@ def drop_metrics_from(path: Path, first_epoch: int) -> None:
         csv.writer(f).writerows(kept)
 
 
-def training_fingerprint(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, training: dict, gpus: int) -> dict:
+def training_fingerprint(states, d2t: str, t2d: str, target: TargetSpec, training: dict, gpus: int) -> dict:
     """Everything that determines the trained weights, as it reads back from JSON.
 
-    Shards count by their sample list (each file's sha256 and length), not by the whole manifest,
-    whose timing fields change when a shard is extracted again to the same bytes. `resume` only
-    says whether to resume; the GPU count sets the world size and so the data order.
+    `states`: the hidden-state source (draftsmith.training.sources; a list of shard manifests is the offline one),
+    which fingerprints its own inputs. `resume` only says whether to resume; the GPU count sets the world size and so
+    the data order.
     """
-    shards = []
-    for path in manifests:
-        m = read_manifest(path)
-        shards.append({"aux_layer_ids": m["aux_layer_ids"],
-                       "samples_list_sha256": sha256_bytes(json.dumps(m["samples"], sort_keys=True).encode())})
+    from draftsmith.training.sources import states_source
+
+    source = states if hasattr(states, "fingerprint") else states_source(list(states))
     fingerprint = {
-        "shards": shards,
+        **source.fingerprint(),
         "d2t": sha256_file(d2t),
         "t2d": sha256_file(t2d),
         "target": target.fingerprint(),

@@ -47,9 +47,8 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.compiling import compile_totals, describe
-from draftsmith.extraction.shards import read_manifest, validate_shard
+from draftsmith.extraction.shards import validate_shard
 from draftsmith.io import write_json
-from draftsmith.provenance import same_model
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.checkpoints import (
     checkpoint_bytes,
@@ -61,6 +60,7 @@ from draftsmith.training.checkpoints import (
 )
 from draftsmith.training.loader import make_loader, training_split
 from draftsmith.training.metrics import MetricsCSV, final_validation
+from draftsmith.training.sources import TrainingInputError, check_source, states_source
 from draftsmith.training.state import (
     CHECKPOINTS,
     METRICS,
@@ -80,37 +80,9 @@ from draftsmith.vocab import load_vocab_map
 log = logging.getLogger(__name__)
 
 
-class TrainingInputError(ValueError):
-    """Inputs that cannot train a draft for this target; the message says which and why."""
-
-
-def check_inputs(manifest_paths: list[str], d2t: torch.Tensor, t2d: torch.Tensor, target: TargetSpec) -> dict:
-    """Check shards, vocab map and target fit together; return the shared shard facts."""
-    if not manifest_paths:
-        raise TrainingInputError("no shard manifests given: nothing to train on")
-    target_config = target.load_text_config()
-    fingerprint = target.fingerprint()
-    facts = None
-    for path in manifest_paths:
-        m = read_manifest(path)
-        mine = {"aux_layer_ids": m["aux_layer_ids"], "hidden_size": m["hidden_size"]}
-        if not same_model(m["model"], fingerprint):
-            raise TrainingInputError(f"{path}: shard was extracted from a different target model ({m['model'].get('path')}), not {target.model}")
-        if facts is None:
-            facts = mine
-        elif mine != facts:
-            raise TrainingInputError(f"{path}: layer set {mine} differs from other shards' {facts}")
-        if m["num_samples"] == 0:
-            raise TrainingInputError(f"{path}: shard has no samples")
-    if facts["hidden_size"] != target_config.hidden_size:
-        raise TrainingInputError(f"shards have hidden size {facts['hidden_size']}, target has {target_config.hidden_size}")
-    if t2d.shape[0] != target_config.vocab_size:
-        raise TrainingInputError(f"t2d covers {t2d.shape[0]} tokens but the target vocabulary has {target_config.vocab_size}")
-    if int(t2d.sum()) != d2t.shape[0]:
-        raise TrainingInputError(f"t2d marks {int(t2d.sum())} tokens but d2t has {d2t.shape[0]} entries")
-    if d2t.shape[0] > target_config.vocab_size:
-        raise TrainingInputError(f"draft vocabulary {d2t.shape[0]} is larger than the target's {target_config.vocab_size}")
-    return facts
+def check_inputs(states, d2t: torch.Tensor, t2d: torch.Tensor, target: TargetSpec) -> None:
+    """Check the hidden-state source (or shard manifests), vocab map and target fit together."""
+    check_source(states if hasattr(states, "check") else states_source(list(states)), d2t, t2d, target)
 
 
 def make_trainer_class():
@@ -263,32 +235,40 @@ def run_training(args: dict) -> None:
     from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed
 
     from draftsmith.draft_model import build_draft
-    from draftsmith.training.attention import flex_attention_trains_on
+    from draftsmith.training.attention import compile_attention_only, flex_attention_trains_on
 
     cfg = args["training"]
     local_rank, world_size, rank, is_distributed = maybe_setup_distributed()
     use_cuda = trains_on(args["gpus"]) == "cuda"
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     d2t, t2d = (m.to(device) for m in load_vocab_map(args["d2t"], args["t2d"]))
-    manifests, (train_files, train_lengths), (val_files, val_lengths) = training_split(args["manifests"], cfg)
-    aux_layer_ids = manifests[0]["aux_layer_ids"]
-    log.info("training on %d samples (%d tokens; data_fraction %s) from %d shards; %d samples held out for validation",
-             len(train_files), sum(train_lengths), cfg["data_fraction"], len(manifests), len(val_files))
+    target = TargetSpec.from_dict(args["target"])
+    source, (train_keys, train_lengths), (val_keys, val_lengths) = training_split(states_source(args["states"]), cfg)
+    aux_layer_ids = source.aux_layer_ids(target)
+    log.info("training on %d samples (%d tokens; data_fraction %s), hidden states %s from %s; %d samples held out for "
+             "validation", len(train_keys), sum(train_lengths), cfg["data_fraction"],
+             "computed online by the target on " + str(device) if source.mode == "online" else "read from shards",
+             ", ".join(source.paths), len(val_keys))
 
     torch.manual_seed(cfg["seed"])
-    draft = build_draft(TargetSpec.from_dict(args["target"]), d2t, t2d, cfg["draft_layers"], aux_layer_ids,
-                        cfg["ttt_steps"], cfg["seed"])
+    draft = build_draft(target, d2t, t2d, cfg["draft_layers"], aux_layer_ids, cfg["ttt_steps"], cfg["seed"])
     # restored in `finally` below: a caller's later FlexAttention (tests run training in process) needs dynamo
     dynamo_was_disabled = torch._dynamo.config.disable
     if not flex_attention_trains_on(device):
         log.info("FlexAttention has no backward on %s: using the dense-mask SDPA stand-in, without torch.compile", device)
         use_cpu_attention(draft)
         torch._dynamo.config.disable = True
+    elif cfg["compile"] == "attention":
+        log.info("training.compile: attention: the draft's forward runs eagerly, its FlexAttention compiled alone")
+        compile_attention_only(draft)
+    else:
+        log.info("training.compile: forward: speculators' torch.compile of the draft's whole forward")
 
     num_workers = args["num_workers"]
-    loader_args = dict(world_size=world_size, rank=rank, seed=cfg["seed"], num_workers=num_workers, pin_memory=use_cuda)
-    train_loader = make_loader(train_files, train_lengths, cfg["total_seq_length"], cfg["noise_std"], **loader_args)
-    val_loader = make_loader(val_files, val_lengths, cfg["total_seq_length"], 0.0, **loader_args) if val_files else None
+    loader_args = dict(world_size=world_size, rank=rank, seed=cfg["seed"], num_workers=num_workers, pin_memory=use_cuda,
+                       source=source, device=device, target=target)
+    train_loader = make_loader(train_keys, train_lengths, cfg["total_seq_length"], cfg["noise_std"], **loader_args)
+    val_loader = make_loader(val_keys, val_lengths, cfg["total_seq_length"], 0.0, **loader_args) if val_keys else None
 
     state_dir = Path(args["state_dir"])
     checkpoints = state_dir / CHECKPOINTS
@@ -341,25 +321,27 @@ def run_training(args: dict) -> None:
         maybe_destroy_distributed()
 
 
-def data_summary(manifests: list[str], training: dict) -> dict:
+def data_summary(states, training: dict) -> dict:
     """What the draft was trained on (the report's data-size figure reads it)."""
-    _, (train_files, train_lengths), (val_files, val_lengths) = training_split(manifests, training)
-    return {"datasets": sorted({Path(m).parent.parent.name for m in manifests}),  # shards/<dataset>/shard_k/manifest.json
-            "data_fraction": training["data_fraction"], "train_samples": len(train_files),
-            "train_tokens": int(sum(train_lengths)), "val_samples": len(val_files), "val_tokens": int(sum(val_lengths)),
+    source, (train_keys, train_lengths), (val_keys, val_lengths) = training_split(states, training)
+    return {"datasets": source.datasets, "hidden_states": source.mode,
+            "data_fraction": training["data_fraction"], "train_samples": len(train_keys),
+            "train_tokens": int(sum(train_lengths)), "val_samples": len(val_keys), "val_tokens": int(sum(val_lengths)),
             "epochs": training["epochs"], "ttt_steps": training["ttt_steps"]}
 
 
-def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, training: dict, state_dir: str, variant: str,
+def train_draft(states, d2t: str, t2d: str, target: TargetSpec, training: dict, state_dir: str, variant: str,
                 gpus: int, out_config: str, out_weights: str, out_metrics: str, out_data: str) -> None:
-    """Validate inputs, train (in process, or under torchrun for gpus > 1), export the checkpoint."""
-
-    check_inputs(manifests, *load_vocab_map(d2t, t2d), target)
-    for m in manifests:  # checksums: their contents were checked in memory when they were extracted
-        validate_shard(Path(m).parent, deep=False)
-    prepare_state(Path(state_dir), training_fingerprint(manifests, d2t, t2d, target, training, gpus), training["resume"],
+    """Validate inputs, train (in process, or under torchrun for gpus > 1), export the checkpoint. `states`: a
+    hidden-state source (draftsmith.training.sources) or a list of shard manifests."""
+    source = states if hasattr(states, "to_dict") else states_source(list(states))
+    check_inputs(source, *load_vocab_map(d2t, t2d), target)
+    if source.mode == "offline":
+        for m in source.paths:  # checksums: their contents were checked in memory when they were extracted
+            validate_shard(Path(m).parent, deep=False)
+    prepare_state(Path(state_dir), training_fingerprint(source, d2t, t2d, target, training, gpus), training["resume"],
                   trains_on(gpus))
-    args = {"manifests": list(map(str, manifests)), "d2t": str(d2t), "t2d": str(t2d), "target": target.to_dict(),
+    args = {"states": source.to_dict(), "d2t": str(d2t), "t2d": str(t2d), "target": target.to_dict(),
             "training": training, "state_dir": str(state_dir), "variant": variant, "gpus": gpus,
             "num_workers": min(8, max(0, (os.cpu_count() or 1) // max(1, gpus) - 1)) if gpus > 0 else 0}
     if gpus > 1:
@@ -374,7 +356,7 @@ def train_draft(manifests: list[str], d2t: str, t2d: str, target: TargetSpec, tr
         run_training(args)
     export_checkpoint(Path(state_dir), training["epochs"], Path(out_config), Path(out_weights), Path(out_metrics))
     # the last validation's accuracies and the acceptance they predict, beside what the draft trained on
-    write_json(out_data, {**data_summary(manifests, training), "validation": final_validation(Path(out_metrics))})
+    write_json(out_data, {**data_summary(source, training), "validation": final_validation(Path(out_metrics))})
 
 
 if __name__ == "__main__":  # torchrun entry point: python -m draftsmith.training.trainer ARGS_JSON

@@ -15,9 +15,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from draftsmith.artefacts import BUILT_TARGETS
-from draftsmith.devices import visible_gpu_count
+from draftsmith.artefacts import BUILT_TARGETS, online_states
+from draftsmith.devices import gpu_memory_bytes, host_memory_bytes, visible_gpu_count
 from draftsmith.io import forcerun_hint, read_json
+from draftsmith.training.memory import online_training_bytes
 from draftsmith.vllm_stack import call_sites, compat, probes, source
 from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
 from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
@@ -288,21 +289,64 @@ def check_regenerate_gpus(report: Verdict, config: dict, gpus: int) -> None:
         check_engine_gpus(report, config, "regenerate", gpus)
 
 
-def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
-    if tokens is None:
-        report.add("disk", "warn", "token count unknown until the datasets are prepared; shard size not predicted")
-        return
+def shard_bytes(config: dict, text: dict, tokens: int, gpus: int) -> tuple[int, str]:
+    """The shards' size for `tokens` training tokens, and how it was computed."""
     ext = config["extraction"]
     dtype = ext["dtype"]
     on_gpu = ext["backend"] == "vllm" or gpus > 0
     element = 4 if dtype == "float32" or (dtype == "auto" and not on_gpu) else 2
     hidden = text.get("hidden_size", 0)
     predicted = tokens * (STATES_PER_TOKEN * hidden * element + 16)  # + input_ids and loss_mask (int64)
+    return predicted, f"{tokens} tokens x {STATES_PER_TOKEN} layers x {hidden} hidden x {element} bytes"
+
+
+def online_memory(config: dict, text: dict, gpus: int) -> tuple[int, int, str]:
+    """(bytes online training needs, bytes the training device has, the device in words)."""
+    # where train_draft runs (rules/common.smk training_gpus): training.gpus, or 0 = one GPU unless extraction.device is cpu
+    on_gpu = gpus > 0 and (config["training"]["gpus"] > 0 or config["extraction"]["device"] != "cpu")
+    need = online_training_bytes(text, config["training"], config["extraction"], config["vocab"]["draft_vocab_size"],
+                                 on_gpu)["total"]
+    gpu = gpu_memory_bytes() if on_gpu else None
+    return (need, gpu, "the GPU") if gpu else (need, host_memory_bytes(), "this machine's RAM")
+
+
+def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
+    if online_states(config):
+        report.add("disk", "ok", "no shards: training.hidden_states is online")
+        return
+    if tokens is None:
+        report.add("disk", "warn", "token count unknown until the datasets are prepared; shard size not predicted")
+        return
+    predicted, how = shard_bytes(config, text, tokens, gpus)
     where = Path(config["results"]) / "shards"
     free = free_bytes(where)
-    report.add("disk", "ok" if predicted < free else "fail",
-               f"shards need about {human(predicted)} ({tokens} tokens x {STATES_PER_TOKEN} layers x {hidden} hidden x "
-               f"{element} bytes); {human(free)} free at {where}")
+    line = f"shards need about {human(predicted)} ({how}); {human(free)} free at {where}"
+    if predicted >= free:
+        need, have, device = online_memory(config, text, gpus)
+        if need < have:
+            line += (f"; training.hidden_states: online writes no shards and would need about {human(need)} of "
+                     f"{device}'s {human(have)}")
+    report.add("disk", "ok" if predicted < free else "fail", line)
+
+
+def check_online_memory(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
+    """Online training holds the target beside the draft: does it fit the training device? (Offline: said, once.)"""
+    need, have, device = online_memory(config, text, gpus)
+    fits = need < 0.9 * have
+    if not online_states(config):
+        if fits:
+            report.add("memory (online)", "ok", f"training.hidden_states: online would need about {human(need)} of "
+                       f"{device}'s {human(have)} and write no shards")
+        return
+    if fits:
+        report.add("memory (online)", "ok", f"online training needs about {human(need)} of {device}'s {human(have)} "
+                   "(the target beside the draft)")
+        return
+    line = (f"online training needs about {human(need)} but {device} has {human(have)}: the target does not fit "
+            "beside the draft; set training.hidden_states: offline")
+    if tokens is not None:
+        line += f" (shards of about {human(shard_bytes(config, text, tokens, gpus)[0])} on disk)"
+    report.add("memory (online)", "fail", line)
 
 
 def preflight_target(config: dict, given: str | None = None) -> str | None:
@@ -350,6 +394,8 @@ def run_preflight(config: dict, target_path: str | None, disabled_fixes=(), toke
         check_regenerate_gpus(report, config, gpus)
     if train:
         check_training_gpus(report, config, gpus)
+        if text is not None:
+            check_online_memory(report, config, text, tokens, gpus)
     if bench:
         check_benchmark_gpus(report, config, gpus)
     return report

@@ -5,7 +5,9 @@
 #   TARGETS="file ...": build only those (e.g. the first variant's summary.json, so FP32_CHECK follows it at once);
 #   FP32_CHECK=1: then the first variant's benchmark again in float32 (losslessness), in $OUT/$res-fp32.tgz;
 #   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz;
-#   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards.
+#   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards;
+#   ONLINE_PERF=1: then the shards (extraction, offline), and `python -m perf online_training` on the run (online vs
+#   offline hidden states, training.compile attention vs forward; ONLINE_PERF_RUNS picks the runs), in $OUT.
 # The workflow's own priorities order the jobs (the target-written data first, the first variant benchmarked first).
 source "$(dirname "$0")/common.sh"
 setup
@@ -43,5 +45,13 @@ fi
 if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then
   python3 -m perf training_throughput --results "$res" --min-steps 100 --total-seq-length 8192 \
     --table "$OUT/training.md" 2>&1 | tail -n 12
+fi
+if [ -n "${ONLINE_PERF:-}" ] && [ -z "${status:-}" ]; then
+  printf 'training:\n  hidden_states: offline\n' > /tmp/offline-overlay.yaml
+  run_snakemake --configfile $configs /tmp/offline-overlay.yaml --until extract_hidden_states vocab_map \
+    > /tmp/snakemake-shards.log 2>&1 || status=$?
+  tail -n 3 /tmp/snakemake-shards.log
+  python3 -m perf online_training --results "$res" --table "$OUT/online_training.md" \
+    --runs "${ONLINE_PERF_RUNS:-online:attention,offline:attention,offline:forward}" 2>&1 | tail -n 12
 fi
 exit "${status:-0}"

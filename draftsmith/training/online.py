@@ -1,0 +1,70 @@
+"""Online hidden states: the target runs on each training batch as it is loaded (draftsmith.training.sources).
+
+The DataLoader hands `__getitems__` a whole packed batch of sample keys; their states come from the hf extraction
+backend's extractor on the training device, in padded forward batches planned as extraction plans them
+(`plan_batches` under `batch_tokens` / `max_batch_size`), and stay on that device: the collated batch's states are
+already where the draft trains (pin_memory is off for this source).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.extraction.hf_backend import HFHiddenStateExtractor, plan_batches
+from draftsmith.target_model.spec import TargetSpec
+
+
+class OnlineStatesDataset(torch.utils.data.Dataset):
+    """Prepared samples whose hidden states the target computes when their batch is loaded.
+
+    Item `i` is sample `indices[i]` of `samples` (the split's keys); the loader asks for `i`, or for `(epoch, i)` where
+    the noise is keyed by sample (draftsmith.training.loader), as it asks the offline dataset."""
+
+    def __init__(self, samples, indices: list[int], settings: dict, target: TargetSpec, aux_layer_ids: list[int], noise,
+                 device):
+        self.samples, self.indices, self.settings = samples, indices, settings
+        self.target, self.aux_layer_ids = target, aux_layer_ids
+        self.noise, self.device = noise, torch.device(device)
+        self._extractor = None
+
+    @property
+    def extractor(self) -> HFHiddenStateExtractor:
+        if self._extractor is None:  # loaded with the first batch, not when the loader is built
+            with torch.random.fork_rng(devices=[]):  # loading draws nothing from training's random numbers
+                self._extractor = HFHiddenStateExtractor(self.target, self.aux_layer_ids, str(self.device),
+                                                         self.settings["dtype"])
+        return self._extractor
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, key):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list) -> list[dict]:
+        indices = [self.indices[key[1] if isinstance(key, tuple) else key] for key in keys]
+        ids = [self.samples.input_ids(i).tolist() for i in indices]
+        states: list = [None] * len(keys)
+        for group in plan_batches([len(x) for x in ids], self.settings["batch_tokens"], self.settings["max_batch_size"]):
+            for position, sample_states in zip(group, self.extractor.batch_states([ids[p] for p in group]), strict=True):
+                states[position] = sample_states
+        return [self.sample(key, index, sample_states) for key, index, sample_states in zip(keys, indices, states, strict=True)]
+
+    def sample(self, key, index: int, states: torch.Tensor) -> dict:
+        """One sample as speculators' Eagle3SampleFileDataset makes it from a shard file (see the sources module)."""
+        from speculators.train.data import shift_batch, standardize_data_v1
+
+        data = standardize_data_v1({"input_ids": torch.from_numpy(self.samples.input_ids(index).copy()),
+                                    "loss_mask": torch.from_numpy(self.samples.loss_mask(index).copy()),
+                                    "hidden_states": list(states.unbind(0))})
+        data = {k: v.to(torch.float) if "hidden_states" in k else v for k, v in data.items()}
+        length = data["input_ids"].shape[0]
+        data["lengths"] = torch.tensor([length], dtype=torch.long)
+        data["position_ids"] = torch.arange(length, dtype=torch.long)
+        if self.noise is not None and isinstance(key, tuple):
+            self.noise.key = key
+            try:
+                data = self.noise(data)
+            finally:
+                self.noise.key = None
+        return shift_batch(data)
