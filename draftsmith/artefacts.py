@@ -39,7 +39,7 @@ ONLINE_SETTINGS = ("aux_layer_ids", "dtype", "batch_tokens", "max_batch_size")
 
 def online_states(config: dict) -> bool:
     """training.hidden_states: online computes the states in train_draft, and no shard is written."""
-    return config["training"].get("hidden_states", "offline") == "online"
+    return config.get("training", {}).get("hidden_states", "offline") == "online"
 
 
 def variant_manifests(config: dict, variant: str) -> list[Path]:

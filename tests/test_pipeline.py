@@ -158,8 +158,10 @@ def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
         assert json.loads((r / "benchmark" / variant / "summary.json").read_text())["variant"] == variant
     assert sum(json.loads(m.read_text())["num_samples"] for m in manifests) == 160 + 60
     log = (workdir / "results" / "logs" / "train_draft" / "default.log").read_text()
-    match = re.search(r"training on (\d+) samples \(\d+ tokens; data_fraction 1.0\) from 4 shards; (\d+) samples held out", log)
-    assert match and int(match.group(1)) + int(match.group(2)) == 160 + 60
+    match = re.search(r"training on (\d+) samples \(\d+ tokens; data_fraction 1.0\), hidden states read from shards "
+                      r"from (\S+(?:, \S+)*); (\d+) samples held out", log)
+    assert match and int(match.group(1)) + int(match.group(3)) == 160 + 60
+    assert len(match.group(2).split(", ")) == 4  # two shards of each dataset
     # the rule points torch.compile's cache at its results tree (nothing compiles on the CPU: zero graphs)
     assert f"0 graphs from the cache, 0 compiled ({(workdir / 'results' / '.cache' / 'torch_compile').resolve()})" in log
     report = (r / "report" / "report.md").read_text()

@@ -1,5 +1,6 @@
 """The training data: the validation split, the `data_fraction` of the rest, and speculators' packing loader over the
-samples of a hidden-state source (draftsmith.training.sources: shards, or the target online), with the noise on the auxiliary states drawn per sample from a generator seeded by (seed, epoch, sample index), so that
+samples of a hidden-state source (draftsmith.training.sources: shards, or the target online), with the noise on the
+auxiliary states drawn per sample from a generator seeded by (seed, epoch, sample index), so that
 a resumed run adds the same noise as an uninterrupted one whatever the worker count."""
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ class SampleSeededNoise:
     def __call__(self, data):
         if self.key is None:
             return data
-        generator = torch.Generator().manual_seed(noise_seed(self.seed, *self.key))
+        generator = None
         for name in self.tensors:
             x = data[name]
-            # drawn on the CPU whatever the device of the states (online they are on the training device)
-            uniform = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+            # drawn where the states are: online on the training device (a CPU draw and copy per sample would hold
+            # every step up), offline in the CPU loader workers; the same seed gives other numbers on another device
+            if generator is None or generator.device != x.device:
+                generator = torch.Generator(device=x.device).manual_seed(noise_seed(self.seed, *self.key))
+            uniform = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
             data[name] = x + 2 * (uniform - 0.5) * self.std
         return data
 
@@ -113,6 +117,8 @@ def make_loader(keys, lengths, total_seq_length, noise_std, world_size, rank, se
     # Noise on the auxiliary inputs only: the targets (last layer) stay the target's exact states.
     noise = SampleSeededNoise(noise_std, seed, tensors=("hidden_states",)) if noise_std > 0 else None
     dataset = source.dataset(keys, total_seq_length, noise, device, target)
+    if noise is not None and not source.keys_noise_itself:
+        dataset = SampleKeyedDataset(dataset, noise)
     sampler = MultipackDistributedBatchSamplerV2(
         batch_max_length=total_seq_length,
         lengths=[n - 1 for n in lengths],  # exact lengths (after the one-token shift)

@@ -12,8 +12,8 @@ CONTEXT_BYTES = 600 * 2**20
 
 
 def target_parameters(text: dict) -> int:
-    h, layers, inter = text["hidden_size"], text["num_hidden_layers"], text["intermediate_size"]
-    heads = text["num_attention_heads"]
+    h, layers = text["hidden_size"], text["num_hidden_layers"]
+    inter, heads = text.get("intermediate_size", 4 * h), text.get("num_attention_heads", 1)
     kv_dim = text.get("num_key_value_heads", heads) * text.get("head_dim", h // heads)
     attention = h * heads * text.get("head_dim", h // heads) * 2 + 2 * h * kv_dim
     embeddings = text["vocab_size"] * h * (1 if text.get("tie_word_embeddings", False) else 2)
@@ -22,7 +22,8 @@ def target_parameters(text: dict) -> int:
 
 def online_training_bytes(text: dict, training: dict, extraction: dict, draft_vocab_size: int, on_gpu: bool) -> dict:
     """Bytes by part: target weights, target activations, draft state, draft activations, and their total."""
-    h, inter = text["hidden_size"], text["intermediate_size"]
+    h = text["hidden_size"]
+    inter = text.get("intermediate_size", 4 * h)
     element = {"float32": 4, "bfloat16": 2, "float16": 2}.get(extraction["dtype"], 2 if on_gpu else 4)
     tokens = extraction["batch_tokens"]
     parts = {

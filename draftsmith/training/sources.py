@@ -43,6 +43,7 @@ class ShardStates:
 
     mode = "offline"
     num_workers_allowed = True
+    keys_noise_itself = False  # the loader wraps the dataset in SampleKeyedDataset
 
     def __init__(self, manifests: list[str | Path]):
         self.paths = [str(p) for p in manifests]
@@ -92,12 +93,10 @@ class ShardStates:
                            for m in self.manifests]}
 
     def dataset(self, keys, total_seq_length: int, noise, device, target: TargetSpec):
+        """speculators' own file dataset (the loader keys its noise by sample: draftsmith.training.loader)."""
         from speculators.train.data import Eagle3SampleFileDataset
 
-        from draftsmith.training.loader import SampleKeyedDataset
-
-        dataset = Eagle3SampleFileDataset(max_len=total_seq_length, file_list=list(keys), transform=noise)
-        return SampleKeyedDataset(dataset, noise) if noise is not None else dataset
+        return Eagle3SampleFileDataset(max_len=total_seq_length, file_list=list(keys), transform=noise)
 
 
 class PreparedSamples:
@@ -135,6 +134,7 @@ class OnlineStates:
 
     mode = "online"
     num_workers_allowed = False  # the target runs in the loading process, on the training device
+    keys_noise_itself = True  # OnlineStatesDataset sets the noise key per sample of a batch
 
     def __init__(self, samples_paths: list[str | Path], settings: dict):
         self.paths = [str(p) for p in sorted(samples_paths, key=lambda p: Path(p).parent.name)]

@@ -331,6 +331,10 @@ def check_disk(report: Verdict, config: dict, text: dict, tokens: int | None, gp
 
 def check_online_memory(report: Verdict, config: dict, text: dict, tokens: int | None, gpus: int) -> None:
     """Online training holds the target beside the draft: does it fit the training device? (Offline: said, once.)"""
+    if not {"hidden_size", "num_hidden_layers", "vocab_size"} <= text.keys():
+        report.add("memory (online)", "warn", "the target's config lacks hidden_size, num_hidden_layers or vocab_size: "
+                   "online training's memory not estimated")
+        return
     need, have, device = online_memory(config, text, gpus)
     fits = need < 0.9 * have
     if not online_states(config):
