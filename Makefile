@@ -7,11 +7,14 @@ CORES ?= all
 # GPU cap for Snakemake's scheduler: GPU jobs run one per GPU (each pins its own; see draftsmith/devices.py)
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 PYTEST_ARGS ?=
-# pytest-xdist workers for the core suite (0: one process); a test file stays whole on one worker, so that its
-# module-scoped fixtures are built once (pytest-xdist 3.8 cannot group by marker under pytest 9)
-TEST_WORKERS ?= 2
+# pytest-xdist workers for the core suite (0: one process) and the engine suite; a test file stays whole on one
+# worker, so that its module-scoped fixtures are built once (pytest-xdist 3.8 cannot group by marker under pytest 9).
+# Three on two cores: a worker often waits (a Snakemake job starting, a lock on a shared run), and the third keeps the
+# cores busy (docs/TESTING.md: 637 s at d8f7bef, 787 s in two at 9edb5fc); the engine's vLLM servers want two at most.
+TEST_WORKERS ?= 3
+ENGINE_TEST_WORKERS ?= 2
 # files start in the order tests/conftest.py gives them (START_ORDER), not sorted by their number of tests
-XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+XDIST = --dist loadfile --no-loadscope-reorder
 
 .PHONY: install demo test test-slow lint dryrun clean-results
 
@@ -85,10 +88,10 @@ $(ENGINE_STAMP): $(ENGINE_LOCK) pyproject.toml
 install-engine: $(ENGINE_STAMP)
 
 # tests/engine (the real engine) and tests/contract (on the engine's CPU platform) under the engine venv, in
-# TEST_WORKERS workers as the core suite:
+# ENGINE_TEST_WORKERS workers:
 # a skip there (an engine that cannot run: a broken install) or no test collected is a failure.
 test-engine: $(ENGINE_STAMP)
-	$(ENGINE_BIN)/python -m pytest $(XDIST) tests/engine tests/contract -rs $(PYTEST_ARGS) -o junit_family=xunit1 \
+	$(ENGINE_BIN)/python -m pytest -n $(ENGINE_TEST_WORKERS) $(XDIST) tests/engine tests/contract -rs $(PYTEST_ARGS) -o junit_family=xunit1 \
 		--junitxml=$(ENGINE_VENV)/engine-tests.xml; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-engine: pytest collected no tests" >&2; exit 1; fi; \
 	[ $$rc -eq 0 ] || exit $$rc; \
@@ -127,13 +130,13 @@ demo-vllm: install $(ENGINE_STAMP)
 # pytest exits 5 when it collected no tests: that is a failure too. Then the real engine (test-engine). The tests
 # marked slow (test-slow) are left out; CI runs them after.
 test: install $(CONTRACT_STAMP) $(ENGINE_STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(XDIST) -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 	$(MAKE) --no-print-directory test-engine
 
 # the tests that take minutes each on their own: the real-model default pipeline, the offline wheelhouse round trip
 test-slow: install
-	$(BIN)/python -m pytest $(XDIST) -m slow $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(XDIST) -m slow $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-slow: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 lint: install

@@ -297,15 +297,16 @@ def imported(smollm2_target):
 PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run", "curve_run", "answered_run"}
 
 
-# The order files start in, costliest first by the CPU seconds CI measured (`.test-cpu.tsv`), except that the
-# second and fourth need no `pipeline_run`: under `--dist loadfile --no-loadscope-reorder` (the Makefile) worker 1
-# takes the first and third file, worker 2 the second and fourth, and worker 2 would otherwise wait on the lock
-# while worker 1 builds that run. Files not named follow in collection order.
-START_ORDER = ["test_rebuilds.py", "test_compiling.py", "test_pipeline.py", "test_batch_decoding.py", "test_faults.py",
-               "test_provenance.py", "test_validate.py", "test_results_lock.py", "test_learning_curve.py",
-               "test_preflight.py", "test_gguf_target.py", "test_profiles.py", "test_progress.py", "test_readme.py",
-               "test_training.py", "test_batch_spec.py", "test_spec_decode.py", "test_report.py",
-               "test_engine_pipeline.py", "test_regenerate_engine.py", "test_ragged_attention.py"]
+# The order files start in, costliest first by the CPU seconds CI measured (`.test-cpu.tsv`), except that the files
+# the other workers start with need no `pipeline_run`: under `--dist loadfile --no-loadscope-reorder` (the Makefile),
+# with three workers, the first takes files 1 and 4, the second 2 and 5, the third 3 and 6, and each then the next
+# file as it frees up; a worker that started on a file needing that run would wait on its lock while the first
+# builds it (about two minutes). Files not named follow in collection order.
+START_ORDER = ["test_rebuilds.py", "test_compiling.py", "test_batch_decoding.py", "test_pipeline.py", "test_preflight.py",
+               "test_gguf_target.py", "test_profiles.py", "test_training.py", "test_batch_spec.py", "test_spec_decode.py",
+               "test_faults.py", "test_provenance.py", "test_online_states.py", "test_validate.py",
+               "test_results_lock.py", "test_learning_curve.py", "test_progress.py", "test_readme.py", "test_report.py",
+               "test_engine_pipeline.py", "test_regenerate_engine.py", "test_vllm_engine.py", "test_ragged_attention.py"]
 
 
 def pytest_configure(config):

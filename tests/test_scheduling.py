@@ -79,6 +79,8 @@ def test_gpu_snakemake_calls_parse_their_targets_as_targets():
 
     calls = gpu_snakemake_calls()
     assert len(calls) >= 4, calls
+    rule_names = {m for smk in (REPO / "rules").glob("*.smk") for m in re.findall(r"^rule (\w+):", smk.read_text(), re.M)}
+    assert {"vocab_map", "extract_hidden_states"} <= rule_names
     env = {"PATH": "/usr/bin:/bin", "res": "results-x", "first": "default", "overlay": "/tmp/overlay.yaml",
            "configs": "config/gpu-smollm2.yaml /tmp/overlay.yaml config/overlays/a.yaml config/overlays/b.yaml",
            "EXTRA_CONFIG": "config/overlays/a.yaml config/overlays/b.yaml", "UNTIL": "vocab_map",
@@ -92,5 +94,5 @@ def test_gpu_snakemake_calls_parse_their_targets_as_targets():
         assert set(args.targets) == set(wanted), (call, args.targets)
         assert set(map(str, args.configfile)) >= set(env["EXTRA_CONFIG"].split()), call
         assert not any(str(c).startswith("results-x/") for c in args.configfile), call
-        assert set(args.until or ()) <= {"vocab_map"}, (call, args.until)
+        assert set(args.until or ()) <= rule_names, (call, args.until)  # rules, not targets read as rules
         assert args.resources == {"gpu": 1} and args.cores == 16, (call, args.resources)
