@@ -134,7 +134,7 @@ test: install $(CONTRACT_STAMP) $(ENGINE_STAMP)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 	$(MAKE) --no-print-directory test-engine
 
-# the tests that take minutes each on their own: the real-model default pipeline, the offline wheelhouse round trip
+# the tests that take minutes each on their own (marked slow; docs/TESTING.md lists them)
 test-slow: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(XDIST) -m slow $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-slow: pytest collected no tests" >&2; exit 1; fi; exit $$rc

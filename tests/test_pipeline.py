@@ -125,6 +125,7 @@ def test_workflow_lints_clean():
     assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # minutes alone: `make test-slow` and CI run it
 def test_two_datasets_and_two_variants_run_end_to_end(pipeline_run, tmp_path):
     """Issue 7: datasets combine into one vocab map and one training set; variants land side by side."""
     from conftest import copy_inputs

@@ -269,6 +269,7 @@ def read_only(path):
         subprocess.run(["umount", str(path)] if root else ["chmod", "-R", "u+w", str(path)], check=True)
 
 
+@pytest.mark.slow  # minutes alone: `make test-slow` and CI run it
 def test_validate_follows_the_chain_of_checksums_and_its_commands_fix_what_they_name(copied_run, tmp_path):
     r = copied_run / "results"
     status, out = validate(copied_run, "results")  # the config comes from the tree's record of its last run
