@@ -44,8 +44,7 @@ def gpu_memory_bytes() -> int | None:
                              capture_output=True, text=True, timeout=30).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    env = _env_devices()
-    first = int(env[0]) if env and env[0].isdigit() else 0
+    first = _first_visible_index()
     return int(float(out[first])) * 2**20 if first < len(out) else None
 
 
@@ -76,9 +75,14 @@ def visible_gpu_count() -> int:
 def gpu_name() -> str | None:
     """The name of the first visible GPU, or None."""
     names = nvidia_smi_gpus()
-    env = _env_devices()
-    first = int(env[0]) if env and env[0].isdigit() else 0
+    first = _first_visible_index()
     return names[first] if first < len(names) else None
+
+
+def _first_visible_index() -> int:
+    """nvidia-smi's index of the first GPU CUDA_VISIBLE_DEVICES lets this process see (0 where it is unset)."""
+    env = _env_devices()
+    return int(env[0]) if env and env[0].isdigit() else 0
 
 
 def resolve_device(device: str):

@@ -117,6 +117,12 @@ def target_content(model: str, revision: str | None, built: bool, hashes) -> str
 # --- what a draft and a benchmark were made from (recorded in them; `validate` compares it with the results tree) ---
 
 
+def samples_list_sha256(manifest: dict) -> str:
+    """A shard by its sample list (each file's sha256 and length), not by the whole manifest, whose timing fields
+    change when a shard is extracted again to the same bytes."""
+    return sha256_bytes(json.dumps(manifest["samples"], sort_keys=True).encode())
+
+
 def draft_inputs(states_files, d2t, t2d, target_fingerprint: dict) -> dict:
     """What the hidden states came from (offline: each shard manifest's sample list, its files' checksums; online:
     each prepared-samples file's checksum), the vocab map's checksums and the target's fingerprint."""
@@ -124,8 +130,7 @@ def draft_inputs(states_files, d2t, t2d, target_fingerprint: dict) -> dict:
     if any(p.suffix == ".parquet" for p in states_files):
         states = {"samples": {str(p): sha256_file(p) for p in states_files}}
     else:
-        states = {"shards": {str(m): sha256_bytes(json.dumps(read_json(m)["samples"], sort_keys=True).encode())
-                             for m in states_files}}
+        states = {"shards": {str(m): samples_list_sha256(read_json(m)) for m in states_files}}
     return {**states, "d2t_sha256": sha256_file(d2t), "t2d_sha256": sha256_file(t2d), "target": target_fingerprint}
 
 

@@ -26,7 +26,7 @@ def training_split(source, cfg: dict):
     """(source, (train keys, lengths), (val keys, lengths)) of a hidden-state source (or a list of shard manifests):
     the validation split first, then a seeded `data_fraction` of the rest, so that variants at several fractions are
     validated on the same samples."""
-    source = source if hasattr(source, "keys_and_lengths") else states_source(list(source))
+    source = states_source(source)
     keys, lengths = source.keys_and_lengths()
     (train_keys, train_lengths), val = split_train_val(keys, lengths, cfg["val_fraction"], cfg["seed"])
     if cfg["data_fraction"] < 1:

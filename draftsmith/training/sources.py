@@ -15,8 +15,6 @@ states computed in other padded batches (tests/test_online_states.py measures it
 
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +23,10 @@ import torch
 
 from draftsmith.artefacts import ONLINE_SETTINGS
 from draftsmith.extraction.shards import read_manifest
-from draftsmith.io import sha256_bytes, sha256_file
-from draftsmith.provenance import same_model
+from draftsmith.io import sha256_file
+from draftsmith.provenance import same_model, samples_list_sha256
 from draftsmith.target_model.layers import resolve_aux_layer_ids
 from draftsmith.target_model.spec import TargetSpec
-
-log = logging.getLogger(__name__)
-
-
 
 class TrainingInputError(ValueError):
     """Inputs that cannot train a draft for this target; the message says which and why."""
@@ -88,8 +82,8 @@ class ShardStates:
     def fingerprint(self) -> dict:
         """Shards count by their sample list (each file's sha256 and length), not by the whole manifest, whose timing
         fields change when a shard is extracted again to the same bytes."""
-        return {"sample_order": "dataset, index", "shards": [{"aux_layer_ids": m["aux_layer_ids"],
-                            "samples_list_sha256": sha256_bytes(json.dumps(m["samples"], sort_keys=True).encode())}
+        return {"sample_order": "dataset, index",
+                "shards": [{"aux_layer_ids": m["aux_layer_ids"], "samples_list_sha256": samples_list_sha256(m)}
                            for m in self.manifests]}
 
     def dataset(self, keys, total_seq_length: int, noise, device, target: TargetSpec):
@@ -104,7 +98,7 @@ class PreparedSamples:
     per sample would take ~30x the memory at millions of samples)."""
 
     def __init__(self, paths: list[str | Path]):
-        self.ids, self.masks, self.offsets, self.sources = [], [], [0], []
+        self.ids, self.masks, self.offsets = [], [], [0]
         for path in paths:
             table = pq.read_table(path, columns=["input_ids", "loss_mask"])
             for column, out in (("input_ids", self.ids), ("loss_mask", self.masks)):
@@ -112,7 +106,6 @@ class PreparedSamples:
                 out.append(np.asarray(chunks.flatten(), dtype=np.int64))
             lengths = np.diff(np.asarray(table.column("input_ids").combine_chunks().offsets))
             self.offsets.extend((self.offsets[-1] + np.cumsum(lengths)).tolist())
-            self.sources.extend([str(path)] * len(lengths))
         self.ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int64)
         self.masks = np.concatenate(self.masks) if self.masks else np.zeros(0, np.int64)
 
@@ -175,8 +168,10 @@ class OnlineStates:
                                    device)
 
 
-def states_source(spec: dict | list) -> ShardStates | OnlineStates:
-    """A source from its `to_dict()` (or, for the offline source, a plain list of manifest paths)."""
+def states_source(spec) -> ShardStates | OnlineStates:
+    """A source itself, a source from its `to_dict()`, or the offline source from a plain list of manifest paths."""
+    if isinstance(spec, ShardStates | OnlineStates):
+        return spec
     if isinstance(spec, list | tuple):
         return ShardStates(spec)
     if spec["mode"] == "online":

@@ -86,7 +86,7 @@ def training_fingerprint(states, d2t: str, t2d: str, target: TargetSpec, trainin
     """
     from draftsmith.training.sources import states_source
 
-    source = states if hasattr(states, "fingerprint") else states_source(list(states))
+    source = states_source(states)
     fingerprint = {
         **source.fingerprint(),
         "d2t": sha256_file(d2t),

@@ -82,7 +82,7 @@ log = logging.getLogger(__name__)
 
 def check_inputs(states, d2t: torch.Tensor, t2d: torch.Tensor, target: TargetSpec) -> None:
     """Check the hidden-state source (or shard manifests), vocab map and target fit together."""
-    check_source(states if hasattr(states, "check") else states_source(list(states)), d2t, t2d, target)
+    check_source(states_source(states), d2t, t2d, target)
 
 
 def make_trainer_class():
@@ -334,7 +334,7 @@ def train_draft(states, d2t: str, t2d: str, target: TargetSpec, training: dict, 
                 gpus: int, out_config: str, out_weights: str, out_metrics: str, out_data: str) -> None:
     """Validate inputs, train (in process, or under torchrun for gpus > 1), export the checkpoint. `states`: a
     hidden-state source (draftsmith.training.sources) or a list of shard manifests."""
-    source = states if hasattr(states, "to_dict") else states_source(list(states))
+    source = states_source(states)
     check_inputs(source, *load_vocab_map(d2t, t2d), target)
     if source.mode == "offline":
         for m in source.paths:  # checksums: their contents were checked in memory when they were extracted
