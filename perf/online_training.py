@@ -2,11 +2,15 @@
 
 Each run trains the draft for one epoch with draftsmith's own `run_training`, in a fresh process with empty compile
 caches (Inductor's and Triton's: cold, as on a bare machine), on the same samples in the same order: offline from the
-run's shards, online from its prepared samples with the target computing the states per batch. Per run: seconds from
+run's shards, online from its prepared samples with the target computing the states per batch, loaded ahead in a
+thread (`online`) or in the training loop (`online-serial`, the loading before draftsmith.training.prefetch). Runs
+that are all online need no shards (a run with `training.hidden_states: online` writes none). Per run: seconds from
 the start of training (the process's call, target and draft loading included) to the first optimizer step, steady
 tokens/s (median step), the epoch's wall seconds, and the graphs torch.compile built.
 
     python -m perf online_training --results results-gpu --table perf/results/online_training_h100_<date>.md
+    python -m perf online_training --results results-smollm2 --runs online:attention,online-serial:attention \
+        --data-fraction 0.1 --table ...
 
 GPU only for the compile settings (a CPU compiles nothing); the online/offline comparison also runs on a CPU.
 """
@@ -27,6 +31,7 @@ from draftsmith.io import read_json
 from perf.common import commit, parser, write_table
 
 RUNS = [("offline", "forward"), ("offline", "attention"), ("online", "attention"), ("online", "forward")]
+PREFETCH = {"online": None, "online-serial": 0, "offline": None}  # None: the source's own depth
 
 
 def one_run(spec: dict) -> dict:
@@ -48,10 +53,11 @@ def one_run(spec: dict) -> dict:
 
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("speculators.metrics").addHandler(Steps())
-    source = (OnlineStates(spec["samples"], spec["online"]) if spec["states"] == "online"
-              else ShardStates(spec["manifests"]))
+    online = spec["states"].startswith("online")
+    source = OnlineStates(spec["samples"], spec["online"]) if online else ShardStates(spec["manifests"])
     args = {"states": source.to_dict(), "d2t": spec["d2t"], "t2d": spec["t2d"], "target": spec["target"],
-            "training": {**spec["training"], "compile": spec["compile"], "hidden_states": spec["states"]},
+            "training": {**spec["training"], "compile": spec["compile"], "hidden_states": source.mode},
+            "prefetch_batches": PREFETCH[spec["states"]],
             "state_dir": spec["state_dir"], "variant": "bench", "gpus": 1 if torch.cuda.is_available() else 0,
             "num_workers": 8 if torch.cuda.is_available() else 0}
     start = time.perf_counter()
@@ -70,7 +76,9 @@ def main(argv=None):
     ap.add_argument("--results", required=True, help="a finished run's results tree (shards, prepared, vocab, target)")
     ap.add_argument("--total-seq-length", type=int, default=8192)
     ap.add_argument("--runs", default=",".join(f"{s}:{c}" for s, c in RUNS),
-                    help="states:compile pairs, in order (default: all four)")
+                    help="states:compile pairs, in order (default: all four); states: offline, online, online-serial")
+    ap.add_argument("--data-fraction", type=float, default=1.0, help="train on this seeded fraction of the samples")
+    ap.add_argument("--dtype", default="bfloat16", help="online states' dtype where no shard says it")
     ap.add_argument("--one", help="internal: run one spec (JSON) in this process and print its result")
     args = ap.parse_args(argv)
     if args.one:
@@ -81,16 +89,17 @@ def main(argv=None):
     results = Path(args.results)
     manifests = sorted(str(p) for p in results.glob("shards/*/shard_*/manifest.json"))
     samples = sorted(str(p) for p in results.glob("prepared/*/samples.parquet"))
-    if not manifests or not samples:
-        sys.exit(f"{results}: no shards or prepared samples; run the workflow there first (offline hidden states)")
-    first = read_json(manifests[0])
+    offline_asked = any(pair.startswith("offline") for pair in args.runs.split(","))
+    if not samples or (offline_asked and not manifests):
+        sys.exit(f"{results}: no prepared samples, or no shards for the offline runs; run the workflow there first")
+    first = read_json(manifests[0]) if manifests else {}
     target = TargetSpec(str(results / "target"))
-    hf = first.get("hf", {})  # the extraction settings the shards were made with
-    online = {"aux_layer_ids": first["aux_layer_ids"], "dtype": first["dtype"], "batch_tokens": hf.get("batch_tokens", 65536),
-              "max_batch_size": hf.get("max_batch_size", 256)}
+    hf = first.get("hf", {})  # the extraction settings the shards were made with (else extraction's defaults)
+    online = {"aux_layer_ids": first.get("aux_layer_ids"), "dtype": first.get("dtype", args.dtype),
+              "batch_tokens": hf.get("batch_tokens", 65536), "max_batch_size": hf.get("max_batch_size", 256)}
     training = {"draft_layers": 1, "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "lr": 3e-4, "epochs": 1,
                 "total_seq_length": args.total_seq_length, "scheduler": "linear", "warmup_steps": None,
-                "noise_std": 0.05, "val_fraction": 0.02, "data_fraction": 1.0, "seed": 0, "resume": False, "gpus": 1,
+                "noise_std": 0.05, "val_fraction": 0.02, "data_fraction": args.data_fraction, "seed": 0, "resume": False, "gpus": 1,
                 "tf32": True}
     rows = []
     device = None
@@ -115,7 +124,8 @@ def main(argv=None):
 
             device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
         table = [f"Draft training, one epoch per run, each in a fresh process with empty compile caches, on {results} "
-                 f"({len(manifests)} shards), total_seq_length {args.total_seq_length}, 3 TTT steps; {device}; "
+                 f"({len(manifests)} shards, data_fraction {args.data_fraction}), total_seq_length "
+                 f"{args.total_seq_length}, 3 TTT steps; {device}; "
                  f"{time.strftime('%Y-%m-%d')}; commit {commit()}. Online: the target ({target.model}) computes the "
                  f"states per batch (dtype {online['dtype']}, batch_tokens {online['batch_tokens']}).", "",
                  "| hidden states | training.compile | first optimizer step s | steady steps/s | packed tokens/s | "
@@ -125,10 +135,10 @@ def main(argv=None):
             if "error" in r:
                 table.append(f"| {r['states']} | {r['compile']} | failed: {r['error']} | | | | | | |")
                 continue
-            sps = r["steady_steps_per_s"]
-            table.append(f"| {r['states']} | {r['compile']} | {r['first_step_s']:.1f} | {sps:.2f} | "
-                         f"{sps * args.total_seq_length:,.0f} | {r['wall_s']:.1f} | {r['steps']} | "
-                         f"{r['graphs_compiled']} | {r['compile_s']:.1f} |")
+            sps = r["steady_steps_per_s"]  # None: too few steps to tell
+            steady = (f"{sps:.2f} | {sps * args.total_seq_length:,.0f}" if sps else "n/a | n/a")
+            table.append(f"| {r['states']} | {r['compile']} | {r['first_step_s']:.1f} | {steady} | {r['wall_s']:.1f} | "
+                         f"{r['steps']} | {r['graphs_compiled']} | {r['compile_s']:.1f} |")
         write_table(args.table, "\n".join(table) + "\n", {"rows": rows, "device": device, "commit": commit(),
                                                          "results": str(results), "online": online})
 

@@ -18,6 +18,8 @@ from test_training import AUX, TRAINING, train, training_inputs  # noqa: F401 (a
 from draftsmith.io import read_json
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.loader import make_loader, training_split
+from draftsmith.training.online import plan_forwards
+from draftsmith.training.prefetch import PrefetchingLoader
 from draftsmith.training.sources import OnlineStates, ShardStates
 
 # the hf extraction backend's settings of the offline shards (tests/test_training.py: batch_tokens 1024, 8 rows)
@@ -117,3 +119,89 @@ def test_preflight_says_whether_online_training_fits(pipeline_run, tmp_path, bat
     assert ("set training.hidden_states: offline" in checks[0].message) == (status == "fail")
     assert report.ok == (status == "ok"), report.problems
     assert any("no shards: training.hidden_states is online" in line for line in report.lines())
+
+
+def test_prefetched_batches_are_the_loaders_own(training_inputs, tiny_target):  # noqa: F811
+    """The thread that loads online batches ahead changes nothing in them, nor in their order."""
+    source, keys, _ = training_split(online(training_inputs), TRAINING)
+    args = dict(world_size=1, rank=0, seed=0, num_workers=0, pin_memory=False, target=TargetSpec(str(tiny_target)),
+                source=source)
+    ahead = make_loader(*keys, 256, 0.05, prefetch_batches=2, **args)
+    serial = make_loader(*keys, 256, 0.05, **args)  # on a CPU the default: no thread
+    assert isinstance(ahead, PrefetchingLoader) and not isinstance(serial, PrefetchingLoader)
+    assert len(ahead) == len(serial) and ahead.batch_sampler is not None
+    for epoch in (0, 1):
+        for loader in (ahead, serial):
+            loader.batch_sampler.set_epoch(epoch)
+        pairs = list(zip(ahead, serial, strict=True))
+        assert len(pairs) > 3
+        for a, b in pairs:
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _FailsAt(torch.utils.data.Dataset):
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError(f"sample {i}: broken")
+        return {"x": torch.tensor(i)}
+
+
+def test_prefetching_raises_the_loaders_error_and_stops_its_thread():
+    import threading
+
+    before = threading.active_count()
+    loader = PrefetchingLoader(torch.utils.data.DataLoader(_FailsAt(6), batch_size=2), depth=2, device="cpu")
+    seen = []
+    with pytest.raises(ValueError, match="sample 6: broken"):
+        for batch in loader:
+            seen.append(batch["x"].tolist())
+    assert seen == [[0, 1], [2, 3], [4, 5]]
+    for batch in PrefetchingLoader(torch.utils.data.DataLoader(_FailsAt(-1), batch_size=2), 2, "cpu"):
+        break  # a consumer that stops early: the thread ends, it does not wait on a full queue
+    assert threading.active_count() == before
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        PrefetchingLoader(loader.loader, 0, "cpu")
+
+
+def test_forward_plans_cost_the_fewest_padded_tokens():
+    """plan_forwards against every split of the sorted batch into runs, on random packed batches."""
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.choice([rng.randint(2, 40), rng.randint(100, 300)]) for _ in range(rng.randint(1, 9))]
+        budget, rows = rng.choice([(10**6, 64), (600, 64), (10**6, 3)])
+        cost = rng.choice([0, 50, 10**4])
+        plan = plan_forwards(lengths, budget, rows, cost)
+        assert sorted(i for g in plan for i in g) == list(range(len(lengths)))
+
+        def total(groups):
+            return sum(len(g) * max(lengths[i] for i in g) + cost for g in groups)
+
+        def allowed(g):
+            return len(g) <= rows and (len(g) == 1 or len(g) * max(lengths[i] for i in g) <= budget)
+
+        assert all(allowed(g) for g in plan)
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        best = min(total(groups) for cuts in itertools.product([0, 1], repeat=len(order) - 1)
+                   for groups in [_runs(order, cuts)] if all(allowed(g) for g in groups))
+        assert total(plan) == best
+    # a mixed batch: the long samples apart from the short ones
+    assert plan_forwards([1000, 20, 1000, 30, 25], 10**5, 64, 100) == [[0, 2], [3, 4, 1]]
+
+
+def _runs(order, cuts):
+    groups, current = [], [order[0]]
+    for i, cut in zip(order[1:], cuts):
+        if cut:
+            groups.append(current)
+            current = []
+        current.append(i)
+    return groups + [current]

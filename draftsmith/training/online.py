@@ -1,17 +1,49 @@
 """Online hidden states: the target runs on each training batch as it is loaded (draftsmith.training.sources).
 
 The DataLoader hands `__getitems__` a whole packed batch of sample keys; their states come from the hf extraction
-backend's extractor on the training device, in padded forward batches planned as extraction plans them
-(`plan_batches` under `batch_tokens` / `max_batch_size`), and stay on that device: the collated batch's states are
-already where the draft trains (pin_memory is off for this source).
+backend's extractor on the training device, in right-padded forward batches under `batch_tokens` / `max_batch_size`,
+and stay on that device: the collated batch's states are already where the draft trains (pin_memory is off for this
+source). The loader runs this in a thread, batches ahead of the step (draftsmith.training.prefetch).
+
+Extraction sorts the whole dataset by length, so its neighbours in a forward batch have about the same length. A
+packed training batch mixes lengths (short answers fill the space the long ones leave), and one forward over it
+would be mostly padding: `plan_forwards` splits it, sorted by length, into the forwards that cost the fewest padded
+tokens, each forward also paying a fixed cost (its launches, every weight read once) in tokens' worth.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from draftsmith.extraction.hf_backend import HFHiddenStateExtractor, plan_batches
+from draftsmith.extraction.hf_backend import HFHiddenStateExtractor
 from draftsmith.target_model.spec import TargetSpec
+
+FORWARD_COST_TOKENS = 2048  # a forward's fixed cost in padded tokens: a split must save more padding than this
+
+
+def plan_forwards(lengths: list[int], batch_tokens: int, max_batch_size: int,
+                  forward_cost: int = FORWARD_COST_TOKENS) -> list[list[int]]:
+    """Indices of `lengths` in forward batches, longest first, that minimise the padded tokens (rows x longest) plus
+    `forward_cost` a forward, with rows x longest <= batch_tokens (a longer sample alone) and rows <= max_batch_size.
+    Deterministic (ties by index): the same batch always runs in the same forwards."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    longest = np.array([lengths[i] for i in order], dtype=np.int64)
+    n = len(order)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[i]: the cheapest plan of order[:i]
+    cut = np.zeros(n + 1, dtype=np.int64)  # where the plan of order[:i] starts its last forward
+    for i in range(1, n + 1):
+        starts = np.arange(max(0, i - max_batch_size), i)
+        rows = i - starts
+        fits = (rows * longest[starts] <= batch_tokens) | (rows == 1)
+        cost = np.where(fits, best[starts] + rows * longest[starts] + forward_cost, np.iinfo(np.int64).max)
+        j = int(np.argmin(cost))
+        best[i], cut[i] = cost[j], starts[j]
+    groups, i = [], n
+    while i > 0:
+        groups.append(order[cut[i]:i])
+        i = int(cut[i])
+    return groups[::-1]
 
 
 class OnlineStatesDataset(torch.utils.data.Dataset):
@@ -45,7 +77,7 @@ class OnlineStatesDataset(torch.utils.data.Dataset):
         indices = [self.indices[key[1] if isinstance(key, tuple) else key] for key in keys]
         ids = [self.samples.input_ids(i).tolist() for i in indices]
         states: list = [None] * len(keys)
-        for group in plan_batches([len(x) for x in ids], self.settings["batch_tokens"], self.settings["max_batch_size"]):
+        for group in plan_forwards([len(x) for x in ids], self.settings["batch_tokens"], self.settings["max_batch_size"]):
             for position, sample_states in zip(group, self.extractor.batch_states([ids[p] for p in group]), strict=True):
                 states[position] = sample_states
         return [self.sample(key, index, sample_states) for key, index, sample_states in zip(keys, indices, states, strict=True)]

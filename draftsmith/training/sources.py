@@ -38,6 +38,7 @@ class ShardStates:
     mode = "offline"
     num_workers_allowed = True
     keys_noise_itself = False  # the loader wraps the dataset in SampleKeyedDataset
+    prefetch_batches = 0  # DataLoader workers load ahead
 
     def __init__(self, manifests: list[str | Path]):
         self.paths = [str(p) for p in manifests]
@@ -128,6 +129,7 @@ class OnlineStates:
     mode = "online"
     num_workers_allowed = False  # the target runs in the loading process, on the training device
     keys_noise_itself = True  # OnlineStatesDataset sets the noise key per sample of a batch
+    prefetch_batches = 2  # the target's forward runs in a thread while the step runs (draftsmith.training.prefetch)
 
     def __init__(self, samples_paths: list[str | Path], settings: dict):
         self.paths = [str(p) for p in sorted(samples_paths, key=lambda p: Path(p).parent.name)]

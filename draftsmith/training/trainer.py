@@ -266,7 +266,7 @@ def run_training(args: dict) -> None:
 
     num_workers = args["num_workers"]
     loader_args = dict(world_size=world_size, rank=rank, seed=cfg["seed"], num_workers=num_workers, pin_memory=use_cuda,
-                       source=source, device=device, target=target)
+                       source=source, device=device, target=target, prefetch_batches=args.get("prefetch_batches"))
     train_loader = make_loader(train_keys, train_lengths, cfg["total_seq_length"], cfg["noise_std"], **loader_args)
     val_loader = make_loader(val_keys, val_lengths, cfg["total_seq_length"], 0.0, **loader_args) if val_keys else None
 
