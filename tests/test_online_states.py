@@ -205,3 +205,14 @@ def _runs(order, cuts):
             current = []
         current.append(i)
     return groups + [current]
+
+
+def test_training_and_validation_share_one_target_on_the_device(training_inputs, tiny_target):  # noqa: F811
+    source, train_keys, val_keys = training_split(online(training_inputs), TRAINING)
+    args = dict(world_size=1, rank=0, seed=0, num_workers=0, pin_memory=False, target=TargetSpec(str(tiny_target)),
+                source=source)
+    loaders = [make_loader(*keys, 256, noise, **args) for keys, noise in ((train_keys, 0.05), (val_keys, 0.0))]
+    targets = {id(loader.dataset.target) for loader in loaders}
+    assert len(targets) == 1
+    next(iter(loaders[1]))
+    assert loaders[0].dataset.target.get() is loaders[1].dataset.target.get()

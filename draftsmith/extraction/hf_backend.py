@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -79,6 +80,7 @@ class HFHiddenStateExtractor:
         self.aux_layer_ids = list(aux_layer_ids)
         self.hidden_size = self.config.hidden_size
         self._captured: dict[str, torch.Tensor] = {}
+        self._forward_lock = threading.Lock()  # the hooks write one dict: one forward at a time (loader threads)
         for layer_id in self.aux_layer_ids:
             self.decoder.layers[layer_id].register_forward_pre_hook(self._pre_hook(f"aux{layer_id}"), with_kwargs=True)
         self.decoder.norm.register_forward_hook(self._post_hook("final"))
@@ -106,10 +108,11 @@ class HFHiddenStateExtractor:
         input_ids = torch.zeros(len(batch_ids), max_len, dtype=torch.long)
         for row, ids in enumerate(batch_ids):
             input_ids[row, : len(ids)] = torch.tensor(ids)
-        self._captured.clear()
-        # no attention mask: the padding is on the right and attention is causal (see the module docstring)
-        self.decoder(input_ids=input_ids.to(self.device, non_blocking=True), use_cache=False)
-        return torch.stack([self._captured[k] for k in self.layer_keys])
+        with self._forward_lock:
+            self._captured.clear()
+            # no attention mask: the padding is on the right and attention is causal (see the module docstring)
+            self.decoder(input_ids=input_ids.to(self.device, non_blocking=True), use_cache=False)
+            return torch.stack([self._captured[k] for k in self.layer_keys])
 
     def to_host(self, states: torch.Tensor, indices: list[int], lengths: list[int]) -> BatchStates:
         rows = [states[:, row, :n] for row, n in enumerate(lengths)]

@@ -46,26 +46,30 @@ def plan_forwards(lengths: list[int], batch_tokens: int, max_batch_size: int,
     return groups[::-1]
 
 
+class TargetOnDevice:
+    """The target's extractor, loaded once, with the first batch that needs it (not when a loader is built), and
+    shared by the training and validation datasets: one copy of the target's weights on the device."""
+
+    def __init__(self, target: TargetSpec, aux_layer_ids: list[int], device, dtype: str):
+        self.target, self.aux_layer_ids, self.device, self.dtype = target, aux_layer_ids, torch.device(device), dtype
+        self._extractor = None
+
+    def get(self) -> HFHiddenStateExtractor:
+        if self._extractor is None:
+            with torch.random.fork_rng(devices=[]):  # loading draws nothing from training's random numbers
+                self._extractor = HFHiddenStateExtractor(self.target, self.aux_layer_ids, str(self.device), self.dtype)
+        return self._extractor
+
+
 class OnlineStatesDataset(torch.utils.data.Dataset):
     """Prepared samples whose hidden states the target computes when their batch is loaded.
 
     Item `i` is sample `indices[i]` of `samples` (the split's keys); the loader asks for `i`, or for `(epoch, i)` where
     the noise is keyed by sample (draftsmith.training.loader), as it asks the offline dataset."""
 
-    def __init__(self, samples, indices: list[int], settings: dict, target: TargetSpec, aux_layer_ids: list[int], noise,
-                 device):
+    def __init__(self, samples, indices: list[int], settings: dict, target: TargetOnDevice, noise):
         self.samples, self.indices, self.settings = samples, indices, settings
-        self.target, self.aux_layer_ids = target, aux_layer_ids
-        self.noise, self.device = noise, torch.device(device)
-        self._extractor = None
-
-    @property
-    def extractor(self) -> HFHiddenStateExtractor:
-        if self._extractor is None:  # loaded with the first batch, not when the loader is built
-            with torch.random.fork_rng(devices=[]):  # loading draws nothing from training's random numbers
-                self._extractor = HFHiddenStateExtractor(self.target, self.aux_layer_ids, str(self.device),
-                                                         self.settings["dtype"])
-        return self._extractor
+        self.target, self.noise = target, noise
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -78,7 +82,7 @@ class OnlineStatesDataset(torch.utils.data.Dataset):
         ids = [self.samples.input_ids(i).tolist() for i in indices]
         states: list = [None] * len(keys)
         for group in plan_forwards([len(x) for x in ids], self.settings["batch_tokens"], self.settings["max_batch_size"]):
-            for position, sample_states in zip(group, self.extractor.batch_states([ids[p] for p in group]), strict=True):
+            for position, sample_states in zip(group, self.target.get().batch_states([ids[p] for p in group]), strict=True):
                 states[position] = sample_states
         return [self.sample(key, index, sample_states) for key, index, sample_states in zip(keys, indices, states, strict=True)]
 

@@ -135,6 +135,7 @@ class OnlineStates:
         self.paths = [str(p) for p in sorted(samples_paths, key=lambda p: Path(p).parent.name)]
         self.settings = {k: settings[k] for k in ONLINE_SETTINGS}
         self.samples = PreparedSamples(self.paths)
+        self._target = None
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "paths": self.paths, "settings": self.settings}
@@ -164,10 +165,12 @@ class OnlineStates:
                 "online": self.settings}
 
     def dataset(self, keys, total_seq_length: int, noise, device, target: TargetSpec):
-        from draftsmith.training.online import OnlineStatesDataset
+        from draftsmith.training.online import OnlineStatesDataset, TargetOnDevice
 
-        return OnlineStatesDataset(self.samples, list(keys), self.settings, target, self.aux_layer_ids(target), noise,
-                                   device)
+        key = (tuple(sorted(target.to_dict().items())), str(device))
+        if self._target is None or self._target[0] != key:  # one target on the device for every loader of a run
+            self._target = (key, TargetOnDevice(target, self.aux_layer_ids(target), device, self.settings["dtype"]))
+        return OnlineStatesDataset(self.samples, list(keys), self.settings, self._target[1], noise)
 
 
 def states_source(spec) -> ShardStates | OnlineStates:
