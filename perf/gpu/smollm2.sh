@@ -6,7 +6,7 @@
 #   FP32_CHECK=1: then the first variant's benchmark again in float32 (losslessness), in $OUT/$res-fp32.tgz;
 #   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz;
 #   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards;
-#   ONLINE_PERF=1: then `python -m perf online_training` on the run (online vs offline hidden
+#   ONLINE_PERF=1: then (before THEN_TARGETS) `python -m perf online_training` on the run (online vs offline hidden
 #   states, loaded ahead or serially, training.compile attention vs forward; ONLINE_PERF_RUNS picks the runs, the
 #   shards are extracted first only where one is offline; ONLINE_PERF_FRACTION trains on that fraction), in $OUT.
 # The workflow's own priorities order the jobs (the target-written data first, the first variant benchmarked first).
@@ -36,6 +36,17 @@ if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # after $res.tgz took
   tail -n 5 /tmp/snakemake-fp32.log
   tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true
 fi
+if [ -n "${ONLINE_PERF:-}" ] && [ -z "${status:-}" ]; then  # before THEN_TARGETS: the default's data is enough
+  runs=${ONLINE_PERF_RUNS:-online:attention,offline:attention,offline:forward}
+  if [[ "$runs" == *offline* ]]; then
+    printf 'training:\n  hidden_states: offline\n' > /tmp/offline-overlay.yaml
+    run_snakemake --configfile $configs /tmp/offline-overlay.yaml --until extract_hidden_states vocab_map \
+      > /tmp/snakemake-shards.log 2>&1 || status=$?
+    tail -n 3 /tmp/snakemake-shards.log
+  fi
+  python3 -m perf online_training --results "$res" --table "$OUT/online_training.md" --runs "$runs" \
+    --data-fraction "${ONLINE_PERF_FRACTION:-1}" 2>&1 | tail -n 12
+fi
 if [ -n "${THEN_TARGETS:-}" ] && [ -z "${status:-}" ]; then
   run_snakemake $THEN_TARGETS --configfile $configs > /tmp/snakemake-then.log 2>&1 || status=$?
   tail -n 5 /tmp/snakemake-then.log
@@ -46,16 +57,5 @@ fi
 if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then
   python3 -m perf training_throughput --results "$res" --min-steps 100 --total-seq-length 8192 \
     --table "$OUT/training.md" 2>&1 | tail -n 12
-fi
-if [ -n "${ONLINE_PERF:-}" ] && [ -z "${status:-}" ]; then
-  runs=${ONLINE_PERF_RUNS:-online:attention,offline:attention,offline:forward}
-  if [[ "$runs" == *offline* ]]; then
-    printf 'training:\n  hidden_states: offline\n' > /tmp/offline-overlay.yaml
-    run_snakemake --configfile $configs /tmp/offline-overlay.yaml --until extract_hidden_states vocab_map \
-      > /tmp/snakemake-shards.log 2>&1 || status=$?
-    tail -n 3 /tmp/snakemake-shards.log
-  fi
-  python3 -m perf online_training --results "$res" --table "$OUT/online_training.md" --runs "$runs" \
-    --data-fraction "${ONLINE_PERF_FRACTION:-1}" 2>&1 | tail -n 12
 fi
 exit "${status:-0}"
