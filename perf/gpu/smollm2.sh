@@ -36,7 +36,7 @@ if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # after $res.tgz took
   tail -n 5 /tmp/snakemake-fp32.log
   tar czf "$OUT/$res-fp32.tgz" "$res/benchmark/$first" "$res/logs/benchmark/$first.log" /tmp/snakemake-fp32.log || true
 fi
-if [ -n "${ONLINE_PERF:-}" ] && [ -z "${status:-}" ]; then  # before THEN_TARGETS: the default's data is enough
+if [ -n "${ONLINE_PERF:-}" ] && [ -z "${status:-}" ]; then
   runs=${ONLINE_PERF_RUNS:-online:attention,offline:attention,offline:forward}
   if [[ "$runs" == *offline* ]]; then
     printf 'training:\n  hidden_states: offline\n' > /tmp/offline-overlay.yaml
