@@ -2,10 +2,13 @@
 
 An estimate for preflight's choice between online and offline hidden states, not an allocator's account: the
 target's weights and one forward batch of its activations (no gradients), and the draft's float32 weights, gradients
-and AdamW moments with the activations of one packed batch over its TTT steps, plus a margin for the allocator.
+and AdamW moments with the activations of one packed batch over its TTT steps, on a GPU the states of the batches
+loaded ahead (draftsmith.training.prefetch), plus a margin for the allocator.
 """
 
 from __future__ import annotations
+
+ONLINE_PREFETCH_BATCHES = 2  # online batches loaded ahead of the step on a GPU (sources.OnlineStates, prefetch.py)
 
 MARGIN = 1.25  # fragmentation, CUDA context, kernels' workspaces
 CONTEXT_BYTES = 600 * 2**20
@@ -36,6 +39,8 @@ def online_training_bytes(text: dict, training: dict, extraction: dict, draft_vo
         "draft activations": 4 * training["total_seq_length"] * training["ttt_steps"] * (24 * h + 4 * inter
                                                                                           + 3 * draft_vocab_size)
         + 2 * 4 * training["total_seq_length"] * 4 * h,
+        # float32 states (three auxiliary layers and the last) of each batch waiting for its step
+        "batches loaded ahead": (ONLINE_PREFETCH_BATCHES if on_gpu else 0) * training["total_seq_length"] * 4 * h * 4,
     }
     parts["total"] = int(MARGIN * sum(parts.values())) + (CONTEXT_BYTES if on_gpu else 0)
     return parts

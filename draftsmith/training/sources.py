@@ -26,6 +26,7 @@ from draftsmith.extraction.shards import read_manifest
 from draftsmith.io import sha256_file
 from draftsmith.provenance import same_model, samples_list_sha256
 from draftsmith.target_model.layers import resolve_aux_layer_ids
+from draftsmith.training.memory import ONLINE_PREFETCH_BATCHES
 from draftsmith.target_model.spec import TargetSpec
 
 class TrainingInputError(ValueError):
@@ -129,7 +130,7 @@ class OnlineStates:
     mode = "online"
     num_workers_allowed = False  # the target runs in the loading process, on the training device
     keys_noise_itself = True  # OnlineStatesDataset sets the noise key per sample of a batch
-    prefetch_batches = 2  # the target's forward runs in a thread while the step runs (draftsmith.training.prefetch)
+    prefetch_batches = ONLINE_PREFETCH_BATCHES  # the target's forward runs in a thread while the step runs (prefetch.py)
 
     def __init__(self, samples_paths: list[str | Path], settings: dict):
         self.paths = [str(p) for p in sorted(samples_paths, key=lambda p: Path(p).parent.name)]
