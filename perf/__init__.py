@@ -17,6 +17,8 @@ BENCHMARKS = {
                        "step (cold caches), steady tokens/s (GPU; online vs offline on CPU too)",
     "regenerate_throughput": "regenerate's batched decoder vs transformers generate on SmolLM2 and real prompts (GPU)",
     "decode_speed": "the offline benchmark's loops eager vs CUDA graphs on a finished run's draft (GPU)",
+    "answer_lengths": "how long the target's sampled answers run with a far limit: the share each max_new_tokens "
+                      "would cut (CPU or GPU)",
 }
 TOOLS = {
     "learning_curve": "a results tree's learning curve as CSV (the report's learning_curve.csv)",
