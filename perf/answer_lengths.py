@@ -1,6 +1,7 @@
 """How long a target's sampled answers run when the limit is far off: the share that regenerate's max_new_tokens
-would cut at each limit. Real prompts (Arena-Hard v2.0 and IFEval, Latin-script, a seeded sample of each), the
-target's chat template (prompts of at most --max-prompt-tokens), transformers' own sampling (temperature and top-p as regenerate's), one long limit.
+would cut at each limit. Real prompts (Arena-Hard v2.0 and IFEval, Latin-script, at most --max-prompt-tokens, a
+seeded sample of each), the target's chat template, transformers' own sampling (temperature and top-p as
+regenerate's), one long limit.
 
     python -m perf answer_lengths --target results/target --per-set 24 --limit 768 \\
         --table perf/results/answer_lengths_cpu_<date>.md

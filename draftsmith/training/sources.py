@@ -26,8 +26,8 @@ from draftsmith.extraction.shards import read_manifest
 from draftsmith.io import sha256_file
 from draftsmith.provenance import same_model, samples_list_sha256
 from draftsmith.target_model.layers import resolve_aux_layer_ids
-from draftsmith.training.memory import ONLINE_PREFETCH_BATCHES
 from draftsmith.target_model.spec import TargetSpec
+from draftsmith.training.memory import ONLINE_PREFETCH_BATCHES
 
 class TrainingInputError(ValueError):
     """Inputs that cannot train a draft for this target; the message says which and why."""
@@ -168,7 +168,7 @@ class OnlineStates:
     def dataset(self, keys, total_seq_length: int, noise, device, target: TargetSpec):
         from draftsmith.training.online import OnlineStatesDataset, TargetOnDevice
 
-        key = (tuple(sorted(target.to_dict().items())), str(device))
+        key = (target, str(device))  # TargetSpec is frozen: hashable, equal by its fields
         if self._target is None or self._target[0] != key:  # one target on the device for every loader of a run
             self._target = (key, TargetOnDevice(target, self.aux_layer_ids(target), device, self.settings["dtype"]))
         return OnlineStatesDataset(self.samples, list(keys), self.settings, self._target[1], noise)
