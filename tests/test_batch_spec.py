@@ -6,6 +6,7 @@ EAGLE-3 draft)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from draftsmith.benchmark.batch_spec import (
     batch_greedy_decode,
     batch_speculative_decode,
 )
-from draftsmith.benchmark.methods import method_decoders, method_proposers
+from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.spec_decode import greedy_decode
 
 tiny = spec_tests.tiny  # the module-scoped fixture, built once for this module too
@@ -61,15 +62,16 @@ def test_batched_greedy_rows_equal_batch_one_greedy(tiny, size):
 
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("size", [2, 3, 5])
-@pytest.mark.parametrize("method", ["prompt_lookup", "untrained_draft", "trained_draft"])
+@pytest.mark.parametrize("method", ["prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"])
 def test_batched_speculative_rows_equal_batch_one_greedy(tiny, method, size, k):
     prompts, stop = batch_of(tiny, size)
     want = references(tiny, prompts, stop)
     # the benchmark's own proposers and decoders of the method (the tiny fixture's drafts under their method names)
-    drafts = {m: tiny[m.removesuffix("_draft")] for m in ("untrained_draft", "trained_draft")}
+    settings = ProposerSettings(torch.device("cpu"), 3, {"untrained_draft": tiny["untrained"],
+                                                         "eagle3_draft": tiny["trained"]}, hybrid_min_ngram=2)
 
     def decode(target, rows, batched):
-        proposers = method_proposers(drafts, 3, torch.device("cpu"), batched=batched)
+        proposers = method_proposers([method], dataclasses.replace(settings, batched=batched))
         return method_decoders([method], target, proposers, k, MAX_NEW, stop, batched=batched)[method](rows)
 
     traces = decode(BatchTarget(tiny["target"]), prompts, batched=True)
@@ -77,7 +79,7 @@ def test_batched_speculative_rows_equal_batch_one_greedy(tiny, method, size, k):
     # each row drafts what it drafts alone: the same proposals and acceptances as batch-1 speculative decoding
     alone = [decode(tiny["target"], ids, batched=False) for ids in prompts]
     assert [(t.proposed, t.accepted) for t in traces] == [(t.proposed, t.accepted) for t in alone]
-    if method == "trained_draft" and k == 3:  # rows accept partial chains: the rewinds are exercised
+    if method == "eagle3_draft" and k == 3:  # rows accept partial chains: the rewinds are exercised
         accepted = [a for t in traces for a in t.accepted]
         assert 0 < sum(accepted) and any(0 < a < k for a in accepted)
 

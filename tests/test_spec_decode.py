@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.benchmark.proposers import (
     Eagle3Proposer,
+    HybridProposer,
     PromptLookupProposer,
     draft_layers_forward,
     prompt_lookup_candidates,
@@ -113,6 +114,40 @@ def test_prompt_lookup_prefers_the_longest_ngram_and_its_earliest_match():
     assert prompt_lookup_candidates([4, 5, 6, 5], 3, max_ngram=3) == [6, 5]  # only 1-gram [5] recurs
     assert prompt_lookup_candidates([4, 5, 6, 7], 3, max_ngram=3) == []
     assert prompt_lookup_candidates([4], 3, max_ngram=3) == []
+    assert prompt_lookup_candidates(context, 3, max_ngram=3, min_ngram=3) == [9, 2, 3]
+    assert prompt_lookup_candidates([4, 5, 6, 5], 3, max_ngram=3, min_ngram=2) == []  # a 1-gram is too short
+
+
+def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_elsewhere(tiny):
+    """Each round the hybrid's EAGLE-3 round runs (the draft sees every verified token); its drafts are prompt lookup's
+    where the context's last min_ngram+ tokens recur, the draft's own elsewhere; either way decoding stays lossless."""
+    target, stop = tiny["target"], tiny["stop"]
+    hybrid = HybridProposer(PromptLookupProposer(3, target.device), Eagle3Proposer(tiny["trained"]), min_ngram=2)
+    alone = Eagle3Proposer(tiny["trained"])
+    prompt = tiny["prompts"][0]
+    with torch.inference_mode():
+        logits, aux = target.start(prompt, capacity=len(prompt) + 8, with_aux=True)
+        first = logits[-1].argmax().view(1)
+        for proposer in (hybrid, alone):
+            proposer.start(torch.cat([torch.tensor(prompt[1:]), first]), aux, capacity=len(prompt) + 8)
+        repeat = prompt + prompt[:2]  # its last 2 tokens recur at the prompt's start
+        assert hybrid.propose(repeat, 3).tolist() == prompt[2:5]
+        alone.propose(repeat, 3)  # the prompt's round, whose drafts the hybrid replaced
+        fresh = prompt + [int(first)]
+        assert not prompt_lookup_candidates(fresh, 3, 3, min_ngram=2)
+        for proposer in (hybrid, alone):  # a new round after one verified token: the draft's own chain
+            proposer.accept(first, aux[:, -1:])
+        assert hybrid.propose(fresh, 3).tolist() == alone.propose(fresh, 3).tolist()
+    assert hybrid.rounds == {"prompt_lookup": 1, "eagle3": 1}
+    with pytest.raises(ValueError, match="hybrid_min_ngram must be within 1..prompt_lookup_ngram"):
+        HybridProposer(PromptLookupProposer(3, target.device), alone, min_ngram=4)
+    used = Counter()
+    for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
+        for k in (1, 3):
+            hybrid = HybridProposer(PromptLookupProposer(3, target.device), Eagle3Proposer(tiny["trained"]), 2)
+            _check_trace(speculative_decode(target, hybrid, ids, k, MAX_NEW, stop), greedy, k)
+            used.update(hybrid.rounds)
+    assert used["prompt_lookup"] > 0 and used["eagle3"] > 0  # both sources drafted rounds
 
 
 def test_draft_chain_matches_speculators_training_forward(tiny):
@@ -478,16 +513,19 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
            "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
            "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2,
-           "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
+           "hybrid_min_ngram": 2, "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft",
+                                              "hybrid"]}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)
     out = tiny["root"] / "bench"
     summary = run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, cfg, out / "per_prompt.csv",
                                     out / "summary.json", "default")
     assert summary == json.loads((out / "summary.json").read_text())
-    for method in ("prompt_lookup", "untrained_draft", "eagle3_draft"):
+    for method in ("prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"):
         assert summary["methods"][method]["lossless"] is True
         assert summary["methods"][method]["mismatched_prompts"] == [] and summary["methods"][method]["divergences"] == {}
-    assert set(summary["methods"]) == {"target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"}
+    assert set(summary["methods"]) == {"target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"}
+    drafted_by = summary["methods"]["hybrid"]["rounds_drafted_by"]  # the warm-up's and every timed run's rounds
+    assert set(drafted_by) == {"prompt_lookup", "eagle3"} and sum(drafted_by.values()) > 0
     assert summary["methods"]["target_greedy"]["acceptance_length"] == 1.0
     methods = summary["methods"]
     assert methods["eagle3_draft"]["acceptance_length"] > methods["untrained_draft"]["acceptance_length"]
@@ -503,7 +541,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     import pandas as pd
 
     rows = pd.read_csv(out / "per_prompt.csv")
-    assert len(rows) == 3 * 4 and list(rows.columns[-2:]) == ["accept_pos_1", "accept_pos_2"]
+    assert len(rows) == 3 * 5 and list(rows.columns[-2:]) == ["accept_pos_1", "accept_pos_2"]
     assert set(rows["category"]) == {p["category"] for p in prompts}  # the synthetic task families
     for category, stats in methods["eagle3_draft"]["per_category"].items():
         g = rows[(rows["method"] == "eagle3_draft") & (rows["category"] == category)]
@@ -516,12 +554,12 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
         assert row["time_spread"] == pytest.approx((max(runs) - min(runs)) / row["seconds"])
     order = {(r["prompt_id"], r["method"]): [int(x) for x in r["run_order"].split()] for _, r in rows.iterrows()}
     pids = list(dict.fromkeys(rows["prompt_id"]))
-    names = ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]
+    names = ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"]
     for i, pid in enumerate(pids):
-        for run in range(2):  # run r of prompt i starts with method (i + r) mod 4, then the rest in turn
-            assert sorted(names, key=lambda m: order[(pid, m)][run]) == names[(i + run) % 4:] + names[:(i + run) % 4]
+        for run in range(2):  # run r of prompt i starts with method (i + r) mod 5, then the rest in turn
+            assert sorted(names, key=lambda m: order[(pid, m)][run]) == names[(i + run) % 5:] + names[:(i + run) % 5]
     firsts = {m for (pid, m), positions in order.items() for p in positions if p == 0}
-    assert len(firsts) == 4  # every method goes first somewhere, none always
+    assert firsts == {names[(i + run) % 5] for i in range(3) for run in range(2)}  # 4 of 5 lead a run, none always
     for method in names:
         entry = methods[method]
         assert entry["repeatable"] is True and entry["unrepeatable_prompts"] == []
@@ -541,6 +579,9 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     with pytest.raises(ValueError, match="batch_size"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "batch_sizes": [0, 2]},
                               out / "x.csv", out / "x.json", "default")
+    with pytest.raises(ValueError, match=r"benchmark methods \['medusa'\] are unknown"):
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                              {**cfg, "methods": ["target_greedy", "medusa"]}, out / "x.csv", out / "x.json", "default")
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts, {**cfg, "repeats": 0},
                               out / "x.csv", out / "x.json", "default")

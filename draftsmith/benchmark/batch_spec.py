@@ -49,7 +49,7 @@ import torch
 
 from draftsmith.benchmark.proposers import PromptLookupProposer, draft_layers, prompt_lookup_candidates, use_sdpa
 from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
-from draftsmith.decoding.batch_kv import BatchKV, attention_configs, grouped_attention, left_padded, row_mask
+from draftsmith.decoding.batch_kv import BatchKV, attention_configs, grouped_attention, left_padded, on_device, row_mask
 from draftsmith.decoding.draft_kernels import fewer_kernels
 from draftsmith.decoding.static_cache import StepGraphs
 
@@ -284,6 +284,39 @@ class BatchEagle3Proposer:
         self.propose([], k)
         self.accept(tokens, aux, [k + 1] * rows)
         self.propose([], k)
+
+
+class BatchHybridProposer:
+    """proposers.HybridProposer per row: prompt lookup's drafts in the rows whose context's last `min_ngram` or more
+    tokens recur, the EAGLE-3 draft's in the others (its round runs for every row, keeping its cache current)."""
+
+    needs_aux = True
+
+    def __init__(self, lookup: BatchPromptLookupProposer, eagle: BatchEagle3Proposer, min_ngram: int):
+        if not 1 <= min_ngram <= lookup.max_ngram:
+            raise ValueError(f"hybrid_min_ngram must be within 1..prompt_lookup_ngram ({lookup.max_ngram}), got "
+                             f"{min_ngram}")
+        self.lookup, self.eagle, self.min_ngram = lookup, eagle, min_ngram
+        self.rounds = {"prompt_lookup": 0, "eagle3": 0}  # row-rounds each source drafted
+
+    def start(self, next_tokens, aux, starts, capacity: int) -> None:
+        self.eagle.start(next_tokens, aux, starts, capacity)
+
+    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
+        """[B, k] drafts (a row's lookup drafts padded with 0 past its own count) and each row's count."""
+        drafted, counts = self.eagle.propose(contexts, k)
+        found = [prompt_lookup_candidates(c, k, self.lookup.max_ngram, self.min_ngram) for c in contexts]
+        used = sum(1 for f in found if f)
+        self.rounds["prompt_lookup"] += used
+        self.rounds["eagle3"] += len(found) - used
+        if not used:
+            return drafted, counts
+        lookup = on_device([f + [0] * (k - len(f)) for f in found], drafted.device)
+        rows = on_device([int(bool(f)) for f in found], drafted.device).bool()
+        return torch.where(rows[:, None], lookup, drafted), [len(f) or c for f, c in zip(found, counts)]
+
+    def accept(self, next_tokens, aux, counts) -> None:
+        self.eagle.accept(next_tokens, aux, counts)
 
 
 def _share_times(traces: list[Trace], seconds: float, first_token_seconds: float) -> list[Trace]:

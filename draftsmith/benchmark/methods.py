@@ -1,29 +1,87 @@
-"""The offline benchmark's methods as decoders: per method its proposer (prompt lookup, or an EAGLE-3 draft) and a
-function that decodes a prompt (batch 1: draftsmith.benchmark.spec_decode) or a batch of prompts
-(draftsmith.benchmark.batch_spec) with it; the baseline, target-only greedy, has no proposer."""
+"""The offline benchmark's methods: per drafting method, how its proposer is built (`PROPOSERS`: a new method is its
+proposer class and one entry here, plus its name in draftsmith.benchmark.results.METHODS, the tables' order), and
+per method a function that decodes a prompt (batch 1: draftsmith.benchmark.spec_decode) or a batch of prompts
+(draftsmith.benchmark.batch_spec) with it. The baseline, target-only greedy, has no proposer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from draftsmith.benchmark.batch_spec import (
     BatchEagle3Proposer,
+    BatchHybridProposer,
     BatchPromptLookupProposer,
     batch_greedy_decode,
     batch_speculative_decode,
 )
-from draftsmith.benchmark.proposers import Eagle3Proposer, PromptLookupProposer
+from draftsmith.benchmark.proposers import Eagle3Proposer, HybridProposer, PromptLookupProposer
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.benchmark.spec_decode import greedy_decode, speculative_decode
 
 
-def method_proposers(drafts: dict, ngram: int, device, batched: bool = False, cuda_graphs: bool = False,
-                     tune_kernels: bool = False) -> dict:
-    """Per proposing method, its proposer: `prompt_lookup` (n-grams of up to `ngram` tokens), and an EAGLE-3 proposer
-    for each draft of `drafts` (method -> draft model). `batched`: the proposers of batched decoding."""
-    lookup, eagle3 = (BatchPromptLookupProposer, BatchEagle3Proposer) if batched else (PromptLookupProposer,
-                                                                                      Eagle3Proposer)
-    return {"prompt_lookup": lookup(ngram, device),
-            **{method: eagle3(draft, cuda_graphs=cuda_graphs, tune_kernels=tune_kernels)
-               for method, draft in drafts.items()}}
+@dataclass(frozen=True)
+class ProposerSettings:
+    """What the proposers are built from: the EAGLE-3 draft models by method (eagle3_draft: the trained one), the
+    benchmark's settings, and whether they decode batches (`batched`) with CUDA graphs (tuned: `tune_kernels`)."""
+
+    device: object
+    ngram: int
+    drafts: dict = field(default_factory=dict)
+    hybrid_min_ngram: int | None = None
+    batched: bool = False
+    cuda_graphs: bool = False
+    tune_kernels: bool = False
+
+
+def _lookup(s: ProposerSettings, built: dict):
+    return (BatchPromptLookupProposer if s.batched else PromptLookupProposer)(s.ngram, s.device)
+
+
+def _eagle3(method: str):
+    def build(s: ProposerSettings, built: dict):
+        if method not in s.drafts:
+            raise ValueError(f"benchmark method {method} needs its draft model, which was not loaded")
+        eagle3 = BatchEagle3Proposer if s.batched else Eagle3Proposer
+        return eagle3(s.drafts[method], cuda_graphs=s.cuda_graphs, tune_kernels=s.tune_kernels)
+
+    return build
+
+
+def _hybrid(s: ProposerSettings, built: dict):
+    if s.hybrid_min_ngram is None:
+        raise ValueError("benchmark method hybrid needs benchmark.hybrid_min_ngram")
+    hybrid = BatchHybridProposer if s.batched else HybridProposer
+    return hybrid(built["prompt_lookup"], built["eagle3_draft"], s.hybrid_min_ngram)
+
+
+# drafting method -> (builder of its proposer from the settings and the proposers built so far, the methods whose
+# proposers it uses: built first and shared, so the hybrid's EAGLE-3 rounds are the trained draft's own captured ones)
+PROPOSERS = {
+    "prompt_lookup": (_lookup, ()),
+    "untrained_draft": (_eagle3("untrained_draft"), ()),
+    "eagle3_draft": (_eagle3("eagle3_draft"), ()),
+    "hybrid": (_hybrid, ("prompt_lookup", "eagle3_draft")),
+}
+
+
+def method_proposers(methods: list[str], settings: ProposerSettings) -> dict:
+    """The proposer of each drafting method in `methods`, and of the methods they build on."""
+    built: dict = {}
+
+    def build(method: str) -> None:
+        if method in built:
+            return
+        if method not in PROPOSERS:
+            raise ValueError(f"unknown benchmark method {method!r}; known: {[BASELINE, *PROPOSERS]}")
+        builder, needs = PROPOSERS[method]
+        for need in needs:
+            build(need)
+        built[method] = builder(settings, built)
+
+    for method in methods:
+        if method != BASELINE:
+            build(method)
+    return built
 
 
 def method_decoders(methods: list[str], target, proposers: dict, k: int, max_new_tokens: int, stop_ids: set[int],

@@ -29,6 +29,7 @@ are compared with target-only greedy's at that size, and target-only greedy's wi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 
@@ -37,7 +38,7 @@ from tqdm import tqdm
 
 from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget
 from draftsmith.benchmark.interleaved import time_batch_interleaved, time_interleaved
-from draftsmith.benchmark.methods import method_decoders, method_proposers
+from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.proposers import Eagle3Proposer
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import TargetModel, divergence_gap
@@ -59,6 +60,9 @@ def check_settings(cfg: dict) -> None:
                          "speedup baseline")
     if cfg["temperature"] != 0:
         raise ValueError(f"benchmark.temperature = {cfg['temperature']}: only greedy decoding (0) is measured")
+    unknown = [m for m in cfg["methods"] if m not in METHODS]
+    if unknown:
+        raise ValueError(f"benchmark methods {unknown} are unknown; known: {METHODS}")
     sizes = batch_sizes(cfg, "offline")
     if min(sizes) < 1 or sizes != sorted(set(sizes)):
         raise ValueError(f"benchmark.batch_sizes (or batch_size) = {sizes}: sizes must be >= 1, ascending, no repeats")
@@ -131,8 +135,10 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     stop_ids = stop_token_ids(tokenizer, model)
     ngram = int(cfg["prompt_lookup_ngram"])
 
-    drafts = {"eagle3_draft": trained, **({"untrained_draft": untrained} if "untrained_draft" in methods else {})}
-    proposers = method_proposers(drafts, ngram, device, cuda_graphs=graphs, tune_kernels=tune)
+    settings = ProposerSettings(device, ngram, {"eagle3_draft": trained, **(
+        {"untrained_draft": untrained} if "untrained_draft" in methods else {})}, cfg.get("hybrid_min_ngram"),
+        cuda_graphs=graphs, tune_kernels=tune)
+    proposers = method_proposers(methods, settings)
     decoders = method_decoders(methods, runner, proposers, k, max_new_tokens, stop_ids)
 
     def render(messages):
@@ -200,8 +206,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
     for size in [s for s in sizes if s > 1]:
-        outputs_by_size[size] = time_batches(size, methods, rendered, categories, cfg, runner, trained,
-                                             untrained if "untrained_draft" in methods else None, stop_ids, rows,
+        outputs_by_size[size] = time_batches(size, methods, rendered, categories, cfg, runner, settings, stop_ids, rows,
                                              unrepeatable, variant)
     num_prompts = len(rendered)
 
@@ -229,6 +234,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
               for m in methods}
     for m in lossless:
         extras[m].update(lossless=lossless[m], mismatched_prompts=mismatched[m], divergences=divergences[m])
+    for method in [m for m in methods if hasattr(proposers.get(m), "rounds")]:  # a hybrid's rounds by source, batch 1
+        extras[method]["rounds_drafted_by"] = dict(proposers[method].rounds)
     for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:  # batch 1
         extras[method]["step_costs"] = measure_step_costs(runner, proposers[method], first_ids, k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras, size_extras)
@@ -306,7 +313,7 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
 
 
 def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
-                 runner: TargetModel, trained, untrained, stop_ids: set[int], rows: list[dict],
+                 runner: TargetModel, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
                  unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
     """Every method on the rendered prompts `size` at a time (in order; the last batch may be smaller), after an
     untimed warm-up on the first batch; appends the rows (and unrepeatable prompts) and returns each method's outputs
@@ -314,10 +321,7 @@ def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], 
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
     graphs = runner.graphs.enabled
     target = BatchTarget(runner, cuda_graphs=graphs)
-    tune = runner.graphs.tune
-    drafts = {"eagle3_draft": trained, **({"untrained_draft": untrained} if untrained is not None else {})}
-    proposers = method_proposers(drafts, int(cfg["prompt_lookup_ngram"]), runner.device, batched=True,
-                                 cuda_graphs=graphs, tune_kernels=tune)
+    proposers = method_proposers(methods, dataclasses.replace(settings, batched=True))
     decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, batched=True)
     pids = list(rendered)
     batches = [pids[i : i + size] for i in range(0, len(pids), size)]

@@ -1,5 +1,5 @@
 """The proposers of the batch-1 speculative loop (draftsmith.benchmark.spec_decode): prompt lookup (n-gram drafts
-copied from the context) and EAGLE-3 chain drafts. A proposer has `needs_aux` (whether it reads the target's
+copied from the context), EAGLE-3 chain drafts, and the hybrid of the two. A proposer has `needs_aux` (whether it reads the target's
 auxiliary hidden states), `start(next_tokens, aux, capacity)` (the prompt), `propose(context, k)` (up to k drafted
 tokens, on the device) and `accept(next_tokens, aux)` (what the target verified).
 
@@ -29,12 +29,12 @@ from draftsmith.decoding.static_cache import (
 )
 
 
-def prompt_lookup_candidates(context: list[int], k: int, max_ngram: int) -> list[int]:
+def prompt_lookup_candidates(context: list[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
     """Up to k tokens that followed the earliest earlier occurrence of the context's last n tokens,
-    trying the longest n (<= max_ngram) first; [] when no n-gram recurs."""
+    trying the longest n (<= max_ngram) first, down to min_ngram; [] when no such n-gram recurs."""
     tokens = np.asarray(context)
     length = len(tokens)
-    for n in range(min(max_ngram, length - 1), 0, -1):
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # starts 0..length-1-n
         hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
         if hits.size:
@@ -196,3 +196,31 @@ class Eagle3Proposer:
     def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
         """next_tokens: the accepted drafts and the bonus token; aux: target states at the positions before them."""
         self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
+
+
+class HybridProposer:
+    """Prompt lookup's drafts where the context's last `min_ngram` or more tokens recur (n-grams of up to the lookup's
+    max_ngram), the EAGLE-3 draft's elsewhere. The EAGLE-3 round runs every round either way: it feeds the draft the
+    newly verified positions, so its cache stays current whichever drafts the target verified, and its chain entries
+    are overwritten by the next round's as always. `rounds` counts the rounds each source drafted."""
+
+    needs_aux = True
+
+    def __init__(self, lookup: PromptLookupProposer, eagle: Eagle3Proposer, min_ngram: int):
+        if not 1 <= min_ngram <= lookup.max_ngram:
+            raise ValueError(f"hybrid_min_ngram must be within 1..prompt_lookup_ngram ({lookup.max_ngram}), got "
+                             f"{min_ngram}")
+        self.lookup, self.eagle, self.min_ngram = lookup, eagle, min_ngram
+        self.rounds = {"prompt_lookup": 0, "eagle3": 0}
+
+    def start(self, next_tokens, aux, capacity: int) -> None:
+        self.eagle.start(next_tokens, aux, capacity)
+
+    def propose(self, context: list[int], k: int) -> torch.Tensor:
+        drafted = self.eagle.propose(context, k)
+        found = prompt_lookup_candidates(context, k, self.lookup.max_ngram, self.min_ngram)
+        self.rounds["prompt_lookup" if found else "eagle3"] += 1
+        return torch.tensor(found, dtype=torch.long, device=drafted.device) if found else drafted
+
+    def accept(self, next_tokens, aux) -> None:
+        self.eagle.accept(next_tokens, aux)

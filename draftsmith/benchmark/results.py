@@ -34,7 +34,7 @@ from draftsmith.io import atomic_path, write_json
 
 BASELINE = "target_greedy"
 # every method a benchmark may report, in the order tables and figures show them
-METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft"]
+METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"]
 COLUMNS = [
     "variant", "backend", "method", "prompt_id", "category", "batch_size", "prompt_tokens", "new_tokens", "target_forwards",
     "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "first_token_seconds", "tokens_per_s",

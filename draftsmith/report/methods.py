@@ -14,6 +14,7 @@ LABELS = {
     PROMPT_LOOKUP: "prompt lookup",
     "untrained_draft": "untrained draft",
     TRAINED_DRAFT: "trained EAGLE-3 draft",
+    "hybrid": "hybrid (prompt lookup, else the draft)",
 }
 
 
