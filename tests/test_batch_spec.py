@@ -13,12 +13,7 @@ import pytest
 import test_spec_decode as spec_tests
 import torch
 
-from draftsmith.benchmark.batch_spec import (
-    BatchEagle3Proposer,
-    BatchTarget,
-    batch_greedy_decode,
-    batch_speculative_decode,
-)
+from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget, NoDrafts, serve
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.spec_decode import greedy_decode
 
@@ -52,56 +47,62 @@ def check_rows(traces, want, k: int | None = None):
         trace.counts(k)  # the row fields the benchmark writes (checks the counts again)
 
 
-@pytest.mark.parametrize("size", [2, 3, 5])
-def test_batched_greedy_rows_equal_batch_one_greedy(tiny, size):
-    prompts, stop = batch_of(tiny, size)
+def serve_greedy(target, prompts, concurrency, stop):
+    return serve(target, NoDrafts(target.device), prompts, concurrency, 3, MAX_NEW, stop)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 3, 5])
+def test_greedy_under_load_gives_every_request_its_batch_one_output(tiny, concurrency):
+    """5 prompts of different lengths with 1, 2, 3 or 5 in flight: rows that end early take the next prompt (refill)
+    into a row whose cache holds the last request's entries; every output equals batch-1 greedy's."""
+    prompts, stop = batch_of(tiny, 5)
     want = references(tiny, prompts, stop)
     assert any(len(w) < MAX_NEW for w in want) and any(len(w) == MAX_NEW for w in want)  # early stops and the limit
-    check_rows(batch_greedy_decode(BatchTarget(tiny["target"]), prompts, MAX_NEW, stop), want)
+    check_rows(serve_greedy(BatchTarget(tiny["target"]), prompts, concurrency, stop), want)
 
 
 @pytest.mark.parametrize("k", [1, 3])
-@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("concurrency", [2, 3, 5])
 @pytest.mark.parametrize("method", ["prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"])
-def test_batched_speculative_rows_equal_batch_one_greedy(tiny, method, size, k):
-    prompts, stop = batch_of(tiny, size)
+def test_speculative_decoding_under_load_equals_batch_one(tiny, method, concurrency, k):
+    prompts, stop = batch_of(tiny, 5)
     want = references(tiny, prompts, stop)
     # the benchmark's own proposers and decoders of the method (the tiny fixture's drafts under their method names)
     settings = ProposerSettings(torch.device("cpu"), 3, {"untrained_draft": tiny["untrained"],
                                                          "eagle3_draft": tiny["trained"]}, hybrid_min_ngram=2)
 
-    def decode(target, rows, batched):
+    def decoder(target, batched):
         proposers = method_proposers([method], dataclasses.replace(settings, batched=batched))
-        return method_decoders([method], target, proposers, k, MAX_NEW, stop, batched=batched)[method](rows)
+        return method_decoders([method], target, proposers, k, MAX_NEW, stop,
+                               concurrency=concurrency if batched else None)[method]
 
-    traces = decode(BatchTarget(tiny["target"]), prompts, batched=True)
+    traces = decoder(BatchTarget(tiny["target"]), batched=True)(prompts)
     check_rows(traces, want, k)
     # each row drafts what it drafts alone: the same proposals and acceptances as batch-1 speculative decoding
-    alone = [decode(tiny["target"], ids, batched=False) for ids in prompts]
-    assert [(t.proposed, t.accepted) for t in traces] == [(t.proposed, t.accepted) for t in alone]
+    alone = decoder(tiny["target"], batched=False)
+    assert [(t.proposed, t.accepted) for t in traces] == [(t.proposed, t.accepted) for t in map(alone, prompts)]
     if method == "eagle3_draft" and k == 3:  # rows accept partial chains: the rewinds are exercised
         accepted = [a for t in traces for a in t.accepted]
         assert 0 < sum(accepted) and any(0 < a < k for a in accepted)
 
 
-@pytest.mark.parametrize("method", ["greedy", "trained_draft"])
-def test_buffers_reused_batch_after_batch_leak_nothing(tiny, method):
-    """One BatchTarget (and draft) decodes batches of other widths and row counts in turn, as the benchmark's batches
-    reuse the buffers of their row count (and the steps captured on them): each batch's rows still equal their batch-1
-    greedy outputs, though the cache holds the earlier batches' entries."""
+@pytest.mark.parametrize("method", ["greedy", "eagle3_draft"])
+def test_buffers_reused_run_after_run_leak_nothing(tiny, method):
+    """One BatchTarget (and draft) serves runs of other widths and concurrencies in turn, as the benchmark's runs
+    reuse the buffers of their row count (and the steps captured on them): each run's requests still equal their
+    batch-1 greedy outputs, though the cache holds the earlier runs' entries."""
     stop = tiny["stop"]
     long_batch, _ = batch_of(tiny, 3)
     short_batch = [ids[:9 + 2 * i] for i, ids in enumerate(tiny["prompts"][2:5])]
     pair = [tiny["prompts"][3][:20], tiny["prompts"][4]]
     target = BatchTarget(tiny["target"])
     proposer = BatchEagle3Proposer(tiny["trained"])
-    target.reserve(3, 8)  # too small: start grows it
-    for prompts in [long_batch, short_batch, pair, long_batch, short_batch]:
+    target.reserve(3, 8)  # too small: begin grows it
+    for prompts, concurrency in [(long_batch, 3), (short_batch, 2), (pair, 2), (long_batch, 3), (short_batch, 3)]:
         if method == "greedy":
-            traces = batch_greedy_decode(target, prompts, MAX_NEW, stop)
-            check_rows(traces, references(tiny, prompts, stop))
+            check_rows(serve_greedy(target, prompts, concurrency, stop), references(tiny, prompts, stop))
         else:
-            traces = batch_speculative_decode(target, proposer, prompts, 3, MAX_NEW, stop)
+            traces = serve(target, proposer, prompts, concurrency, 3, MAX_NEW, stop)
             check_rows(traces, references(tiny, prompts, stop), 3)
     assert sorted(target.buffers.by_rows) == [2, 3]
 
@@ -116,17 +117,29 @@ def test_cuda_graphs_need_a_cuda_device(tiny):
 def test_a_row_past_its_cache_is_a_clear_error(tiny):
     target = BatchTarget(tiny["target"])
     prompts, _ = batch_of(tiny, 2)
-    target.start(prompts, capacity=2)
     width = max(len(p) for p in prompts)
+    target.begin(2, width + 2)
+    target.prefill([0, 1], prompts)
     target.advance([target.rows.cache.length - width, 0])
     with pytest.raises(ValueError, match="target's batched KV cache holds"):
         target.forward(torch.zeros((2, 1), dtype=torch.long))
+    with pytest.raises(ValueError, match="a prompt of"):
+        target.prefill([0], [[1] * (target.rows.cache.length + 1)])
 
 
-def test_a_batch_times_its_rows_as_shares_of_its_wall_time(tiny):
-    prompts, stop = batch_of(tiny, 3)
-    traces = batch_greedy_decode(BatchTarget(tiny["target"]), prompts, MAX_NEW, stop)
-    assert len({t.seconds for t in traces}) == 1 and traces[0].seconds > traces[0].first_token_seconds > 0
+def test_requests_share_the_run_s_wall_time_and_keep_their_own_latency(tiny):
+    """Under load a request's `seconds` is its share of the run's wall time (summed: the run's throughput); its time to
+    first token counts from its admission (a refilled request: when its row came free), its time per output token
+    after that."""
+    prompts, stop = batch_of(tiny, 5)
+    traces = serve_greedy(BatchTarget(tiny["target"]), prompts, 2, stop)
+    assert len({t.seconds for t in traces}) == 1 and traces[0].seconds > 0
+    for trace in traces:
+        latency = trace.latency()
+        assert latency == {"ttft_seconds": trace.ttft_seconds, "tpot_seconds": trace.tpot_seconds}
+        assert trace.ttft_seconds > 0 and (trace.tpot_seconds > 0 or len(trace.tokens) == 1)
+        # no request takes longer than the whole run: its first token, then every later one
+        assert trace.ttft_seconds + trace.tpot_seconds * (len(trace.tokens) - 1) <= trace.seconds * len(traces) + 1e-6
 
 
 def test_offline_benchmark_sweeps_batch_sizes(tiny):

@@ -79,9 +79,13 @@ def test_per_prompt_and_summary_arithmetic(tmp_path):
     assert greedy["decode_speedup"] == pytest.approx(1.0)
     # one batch size (the offline backend decodes one prompt at a time): the schema of a vllm sweep's summary
     assert summary["batch_sizes"] == [1] and set(df["batch_size"]) == {1}
+    # per request: the first token's time, then (0.5 - 0.1) s over a's 9 later tokens and (1.0 - 0.5) s over b's 3
+    tpot = sorted([0.4 / 9, 0.5 / 3])
+    latency = {"ttft_p50": pytest.approx(0.3), "tpot_p50": pytest.approx(sum(tpot) / 2),
+               "tpot_p90": pytest.approx(tpot[0] + 0.9 * (tpot[1] - tpot[0]))}
     assert spec["per_batch_size"] == {"1": {"tokens_per_s": spec["tokens_per_s"], "speedup": spec["speedup"],
                                             "acceptance_length": spec["acceptance_length"], "prompts": 2,
-                                            "new_tokens": 14, "seconds": 1.5}}
+                                            "new_tokens": 14, "seconds": 1.5, **latency}}
     assert spec["pays_up_to"] == 1 and "pays_up_to" not in greedy and greedy["per_batch_size"]["1"]["speedup"] == 1.0
 
 

@@ -374,8 +374,9 @@ def test_variants_in_config_order_and_methods_from_the_summaries(inputs, tmp_pat
     assert md.index("### `wide`: the grounds") < md.index("### `default`: the grounds")
     grounds = md.split("### `default`: the grounds", 1)[1].split("\n## ", 1)[0]
     untrained = fmt(default["methods"]["untrained_draft"]["acceptance_length"], 2)
-    assert f"{untrained} with untrained draft, 2.75 with hybrid." in grounds  # the acceptance line: every method
-    assert "2.75 with hybrid" in md.split("## What this means", 1)[1].split("\n## ", 1)[0]
+    hybrid = "2.75 with hybrid (prompt lookup, else the draft)"  # a method's display name (report.methods.LABELS)
+    assert f"{untrained} with untrained draft, {hybrid}." in grounds  # the acceptance line: every method
+    assert hybrid in md.split("## What this means", 1)[1].split("\n## ", 1)[0]
 
 
 def test_findings_are_computed_from_the_benchmark(built):

@@ -346,8 +346,10 @@ def test_the_report_says_where_the_draft_stops_paying(tmp_path, speedups, senten
                      pd.DataFrame(), DATA_SIZE, batch)
     assert f"`v` (vllm backend) under load: {sentence}" in lines
     table = load_table(batch)
-    assert list(table.columns) == ["variant", "backend", "method", "batch size", "tokens/s", "speedup", "acceptance length"]
+    assert list(table.columns) == ["variant", "backend", "method", "concurrency", "tokens/s", "speedup", "acceptance length",
+                                   "time to first token p50 (ms)", "time per output token p50 (ms)", "p90 (ms)"]
     assert list(table[table["method"] == "eagle3_draft"]["speedup"]) == list(speedups)
+    assert table["time per output token p50 (ms)"].isna().all()  # these summaries hold no latency: unknown, not 0
 
 
 def test_one_batch_size_says_nothing_about_load(tmp_path):

@@ -1,43 +1,42 @@
-"""Batched greedy and speculative decoding for the offline benchmark: B prompts decoded side by side.
+"""Decoding under load for the offline benchmark: N requests in flight, each row taking the next prompt as soon as its
+answer ends (refill), target-only greedy and speculative decoding alike.
 
-The batch-1 loops (draftsmith.benchmark.spec_decode) decode one prompt at a time; these decode B prompts over one
-static KV cache per model (`BatchKV` of draftsmith.decoding.batch, one row per prompt), with the same stopping rule
+The batch-1 loops (draftsmith.benchmark.spec_decode) decode one prompt at a time; `serve` decodes N rows over one
+static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per request), with the same stopping rule
 and the same `Trace` per prompt, so a row's output is comparable token for token with its batch-1 output.
 
-Layout: each prompt is left-padded into its row (`starts`: the slot where it begins), so every row's first generated
-token is chosen at the same slot. Each row has its own write slot (`lengths`), its own position ids (slot - start)
-and its own mask (`row_mask`: its slots from its start up to the query's own).
+Layout: a request's prompt is left-padded into its row (`starts`: the slot where it begins) to the width of the
+prompts admitted with it (a prefill of those rows alone, while the other rows keep their state). Each row has its own
+write slot (`lengths`), its own position ids (slot - start) and its own mask (`row_mask`: its slots from its start up
+to the query's own), so a refilled row attends to nothing of its previous request: those entries lie past its write
+slot (overwritten before any query reaches them) or before its start.
 
-Speculative round (temperature 0): the proposer drafts per row (EAGLE-3: one draft forward over all rows per chain
-step; prompt lookup: an n-gram lookup per row, the drafts padded to the longest row's count); the target verifies
-every row's [last token, drafts] in one forward; each row accepts its own longest prefix of drafts equal to the
-target's argmax, plus the target's token after it (the bonus token), and advances its write slot by that count. A
-row's rejected slots are not cleared: the row's next round writes over them, and until then no query of the row
-attends to them (a mask reaches only up to the query's own slot). Drafts padded beyond a row's own proposal are
-never accepted.
+Round (temperature 0): the proposer drafts per row (EAGLE-3: one draft forward over all rows per chain step; prompt
+lookup: an n-gram lookup per row, the drafts padded to the longest row's count; none: target-only greedy, one token a
+round); the target verifies every row's [last token, drafts] in one forward; each row accepts its own longest prefix
+of drafts equal to the target's argmax, plus the target's token after it (the bonus token), and advances its write
+slot by that count. A row's rejected slots are not cleared: the row's next round writes over them, and until then no
+query of the row attends to them. Drafts padded beyond a row's own proposal are never accepted. A row with no
+request (its answer ended, no prompt left) stays in the forward, adds nothing and its write slot stays.
 
 The target's attention is the batched decoder's `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated).
 
-Finished rows (a stop token or max_new_tokens) stay in the batch until every row is done: they add no tokens and no
-counts to their trace, and their write slot stops advancing (each round recomputes the same slots, never read by
-a live row). The batch does not shrink.
+CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), so a round's
+step of a shape (rows, tokens) is captured once (`capture`, before the timed runs) and replayed. A step reads the
+rows' slots from device buffers and writes nothing but the KV cache at them, so it can be replayed (and its capture's
+warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its own copy of
+them. Prefills (their width varies) run eagerly; so does everything on a CPU, where the tests check the same code.
 
-CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), reused
-by every batch of that many rows, so a step of a shape (rows, tokens) is captured once and replayed for every batch
-(`capture`: every shape before the timed batches). A step reads the rows' slots from device buffers and writes
-nothing but the KV cache at them, so it can be replayed (and its capture's warm-up runs repeated); the host advances
-the slots after it, and checks the cache's bounds against its own copy of them. The prompt's forward (its width
-varies per batch) runs eagerly; so does everything on a CPU, where the tests check the same code. A reused cache
-keeps an earlier batch's entries in slots no mask reaches: before a row's start, or past its write slot.
-
-Timing: a batch is timed as a whole; each row's `seconds` (and `first_token_seconds`) is the batch's wall time
-(and its prompt forward's) divided by its rows, so that a method's summed seconds are the batches' wall time and
-its tokens/s the batch throughput.
+Timing, as a server's client sees it: the run's wall time is shared by its requests (`seconds`: wall time over the
+requests, so a method's summed seconds are the run's wall time and its tokens/s the throughput); per request, the time
+from its admission to its first token (`ttft_seconds`) and the time per output token after it (`tpot_seconds`).
 
 EAGLE-3 cache: the draft's cache rows use the target's slot layout (draft slot s holds the draft's state for the
 target's position at slot s, at position id s - start + 1, EAGLE-3's shift), so the row's start and mask carry
-over; a round's inputs are padded to the longest row's count, and the padding, like the chain's entries, sits after
-the row's verified slots, overwritten before anything attends to it.
+over. A request's prompt is prefilled into the draft cache up to its last position; that position (the first
+generated token with the target's states at the prompt's end) is the row's one pending input of the next joint round.
+A round's inputs are padded to the longest row's count, and the padding, like the chain's entries, sits after the
+row's verified slots, overwritten before anything attends to it.
 """
 
 from __future__ import annotations
@@ -67,10 +66,19 @@ class RowBuffers:
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         self.host_lengths = [0] * rows
 
-    def reset(self, starts: torch.Tensor, length: int) -> None:
-        self.starts.copy_(starts)
-        self.lengths.fill_(length)
-        self.host_lengths = [length] * len(self.host_lengths)
+    def clear(self) -> None:
+        """Every row without a request: starting at slot 0, its next free slot 0."""
+        self.starts.zero_()
+        self.lengths.zero_()
+        self.host_lengths = [0] * len(self.host_lengths)
+
+    def admit(self, rows: list[int], starts: torch.Tensor, length: int) -> None:
+        """`rows` hold new requests from slot `starts[i]` on, their next free slot `length`."""
+        index = on_device(rows, self.starts.device)
+        self.starts[index] = starts
+        self.lengths.index_fill_(0, index, length)
+        for row in rows:
+            self.host_lengths[row] = length
 
     def advance(self, counts: list[int]) -> torch.Tensor:
         """Each row's next free slot `counts[row]` further on; returns the counts as a device tensor."""
@@ -78,6 +86,12 @@ class RowBuffers:
         counts_t = torch.tensor(counts, dtype=torch.long, device=self.lengths.device)
         self.lengths += counts_t
         return counts_t
+
+    def check_width(self, width: int, what: str) -> None:
+        """A clear error where a prompt of `width` slots does not fit a row."""
+        if width > self.cache.length:
+            raise ValueError(f"the {what} batched KV cache holds {self.cache.length} slots a row; a prompt of {width} "
+                             "asked for")
 
     def check(self, ahead: int, what: str) -> None:
         """A clear error where a row would write `ahead` slots past its next free one, beyond the cache."""
@@ -124,21 +138,31 @@ class BatchTarget:
         batches' `start` finds them and the steps captured on them stay."""
         self.rows = self.buffers.reserve(rows, length)
 
-    @property
-    def starts(self) -> torch.Tensor:
-        """Each row's first slot (left padding before it) in the current batch."""
-        return self.rows.starts
+    def begin(self, rows: int, length: int) -> None:
+        """`rows` rows of at least `length` slots, none holding a request yet."""
+        self.reserve(rows, length)
+        self.rows.clear()
 
-    def start(self, prompts: list[list[int]], capacity: int, with_aux: bool = False):
-        """New rows: run the left-padded prompts; each row's cache holds the prompts' width plus `capacity` slots.
-        Returns the last position's logits [B, V] and, with `with_aux`, the auxiliary states [B, width, 3H]."""
-        self.prompt_ids, starts = left_padded(prompts, self.device)
-        width = self.prompt_ids.shape[1]
-        self.reserve(len(prompts), width + capacity)
-        self.rows.reset(starts, 0)
-        logits, aux = self._step(self.prompt_ids, keep=1, with_aux=with_aux)
-        self.rows.reset(starts, width)
-        return logits[:, -1], aux
+    def prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool = False):
+        """New requests in `rows` (the others keep theirs): the prompts, left-padded to the longest, run over those rows
+        alone, each attending to itself. Returns the padded prompts [R, W], their starts [R], the last position's
+        logits [R, V] and, with `with_aux`, the auxiliary states [R, W, 3H]."""
+        ids, starts = left_padded(prompts, self.device)
+        width = ids.shape[1]
+        self.rows.check_width(width, "target's")
+        index = torch.arange(width, device=self.device)
+        cache = self.rows.cache
+        cache.prefill_rows = on_device(rows, self.device)
+        try:
+            with grouped_attention(self._attention):
+                logits, aux = self.target.call(1, with_aux, input_ids=ids,
+                                               attention_mask=row_mask(index.expand(len(rows), width), starts, width),
+                                               position_ids=(index[None, :] - starts[:, None]).clamp(min=0),
+                                               cache_position=index, past_key_values=cache)
+        finally:
+            cache.prefill_rows = None
+        self.rows.admit(rows, starts, width)
+        return ids, starts, logits[:, -1], aux
 
     def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
@@ -174,16 +198,40 @@ class BatchTarget:
         the auxiliary states), so that none is captured inside a timed decode. Reserve the buffers first."""
         if not self.buffers.graphs.enabled:
             return
-        self.start([[0]] * rows, capacity=k + 1)
+        self.rows.clear()
         for q in range(1, k + 2):
             for with_aux in {False, bool(self.target.aux_layer_ids)}:
                 self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
 
 
+class NoDrafts:
+    """Target-only greedy decoding as a proposer: no drafts, so each round verifies the last token alone."""
+
+    needs_aux = False
+
+    def __init__(self, device):
+        self.device = device
+
+    def begin(self, rows: int, length: int) -> None:
+        pass
+
+    def prefill(self, rows, ids, first, aux, starts) -> None:
+        pass
+
+    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
+        return torch.zeros((len(contexts), 0), dtype=torch.long, device=self.device), [0] * len(contexts)
+
+    def accept(self, next_tokens, aux, counts) -> None:
+        pass
+
+
 class BatchPromptLookupProposer(PromptLookupProposer):
     """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
 
-    def start(self, next_tokens, aux, starts, capacity: int) -> None:
+    def begin(self, rows: int, length: int) -> None:
+        pass
+
+    def prefill(self, rows, ids, first, aux, starts) -> None:
         pass
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
@@ -217,13 +265,39 @@ class BatchEagle3Proposer:
         """Buffers for `rows` rows of at least `length` slots (see BatchTarget.reserve)."""
         self.rows = self.buffers.reserve(rows, length)
 
-    def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, starts: torch.Tensor, capacity: int) -> None:
-        """next_tokens [B, W]: at each prompt slot the token after it (the first generated token last), left-padded
-        as the target's rows (`starts`); aux [B, W, 3H]; each row's cache holds W + `capacity` slots."""
-        rows, width = next_tokens.shape
-        self.reserve(rows, width + capacity)
-        self.rows.reset(starts, 0)
-        self.accept(next_tokens, aux, [width] * rows)
+    def begin(self, rows: int, length: int) -> None:
+        """`rows` rows of at least `length` slots, none holding a request yet."""
+        self.reserve(rows, length)
+        self.rows.clear()
+        fc = self.draft.fc
+        self.accept(torch.zeros((rows, 1), dtype=torch.long, device=fc.weight.device),
+                    torch.zeros((rows, 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device), [0] * rows)
+
+    def prefill(self, rows: list[int], ids: torch.Tensor, first: torch.Tensor, aux: torch.Tensor,
+                starts: torch.Tensor) -> None:
+        """New requests in `rows` (the target's prefill: its padded prompts `ids` [R, W], their first generated tokens
+        [R], its auxiliary states [R, W, 3H] and starts [R]): the draft's inputs at every prompt slot but the last (the
+        token after the slot, the target's states at it) into those rows' caches, the last one pending."""
+        tokens = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # at slot s the token after it
+        count, width = tokens.shape
+        index = on_device(rows, tokens.device)
+        if width > 1:
+            slots = torch.arange(width - 1, device=tokens.device)
+            cache = self.rows.cache
+            cache.prefill_rows = index
+            try:
+                draft_layers(self.draft, tokens[:, :-1], self.draft.fc(aux[:, :-1]),
+                             (slots[None, :] - starts[:, None]).clamp(min=0) + 1, slots,
+                             row_mask(slots.expand(count, width - 1), starts, width - 1), cache)
+            finally:
+                cache.prefill_rows = None
+        self.rows.admit(rows, starts, width - 1)
+        self.pending_tokens, self.pending_aux = self.pending_tokens.clone(), self.pending_aux.clone()
+        self.pending_tokens[index, 0] = tokens[:, -1]
+        self.pending_aux[index, 0] = aux[:, -1]
+        self.counts = self.counts.index_fill(0, index, 1)
+        for row in rows:
+            self.host_counts[row] = 1
 
     def _layers(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         rows = self.rows
@@ -280,10 +354,10 @@ class BatchEagle3Proposer:
         fc = self.draft.fc
         tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=fc.weight.device)
         aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device)
-        self.start(tokens[:, :1], aux[:, :1], torch.zeros(rows, dtype=torch.long, device=fc.weight.device), 2 * k + 2)
-        self.propose([], k)
-        self.accept(tokens, aux, [k + 1] * rows)
-        self.propose([], k)
+        self.rows.clear()
+        for n in (1, k + 1):  # the first round after `begin`, and every round after a verification of k drafts
+            self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
+            self.propose([], k)
 
 
 class BatchHybridProposer:
@@ -299,8 +373,11 @@ class BatchHybridProposer:
         self.lookup, self.eagle, self.min_ngram = lookup, eagle, min_ngram
         self.rounds = {"prompt_lookup": 0, "eagle3": 0}  # row-rounds each source drafted
 
-    def start(self, next_tokens, aux, starts, capacity: int) -> None:
-        self.eagle.start(next_tokens, aux, starts, capacity)
+    def begin(self, rows: int, length: int) -> None:
+        self.eagle.begin(rows, length)
+
+    def prefill(self, rows, ids, first, aux, starts) -> None:
+        self.eagle.prefill(rows, ids, first, aux, starts)
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
         """[B, k] drafts (a row's lookup drafts padded with 0 past its own count) and each row's count."""
@@ -319,81 +396,86 @@ class BatchHybridProposer:
         self.eagle.accept(next_tokens, aux, counts)
 
 
-def _share_times(traces: list[Trace], seconds: float, first_token_seconds: float) -> list[Trace]:
-    for trace in traces:
-        trace.seconds, trace.first_token_seconds = seconds / len(traces), first_token_seconds / len(traces)
-    return traces
-
-
 @torch.inference_mode()
-def batch_greedy_decode(target: BatchTarget, prompts: list[list[int]], max_new_tokens: int,
-                        stop_ids: set[int]) -> list[Trace]:
-    """Target-only greedy decoding of every prompt at once, one target forward per step over all rows."""
-    synchronize(target.device)
-    start = time.perf_counter()
-    logits, _ = target.start(prompts, capacity=max_new_tokens)
-    next_tokens = logits.argmax(-1)
-    traces = [Trace(tokens=[t], target_forwards=1) for t in next_tokens.tolist()]
-    first_token_seconds = time.perf_counter() - start
-    live = [not answer_done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
-    while any(live):
-        logits, _ = target.forward(next_tokens[:, None])
-        target.advance([int(x) for x in live])  # a finished row's slot stays
-        next_tokens = logits[:, -1].argmax(-1)
-        for row, token in enumerate(next_tokens.tolist()):
-            if live[row]:
-                trace = traces[row]
-                trace.tokens.append(token)
-                trace.target_forwards += 1
-                live[row] = not answer_done(trace.tokens, [token], max_new_tokens, stop_ids)
-    synchronize(target.device)
-    return _share_times(traces, time.perf_counter() - start, first_token_seconds)
-
-
-@torch.inference_mode()
-def batch_speculative_decode(target: BatchTarget, proposer, prompts: list[list[int]], k: int, max_new_tokens: int,
-                             stop_ids: set[int]) -> list[Trace]:
-    """Greedy speculative decoding of every prompt at once with `proposer` (BatchPromptLookupProposer or
-    BatchEagle3Proposer)."""
+def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: int, k: int, max_new_tokens: int,
+          stop_ids: set[int]) -> list[Trace]:
+    """Greedy decoding of every prompt with `concurrency` requests in flight, in order, a row taking the next prompt
+    as soon as its answer ends: speculative with `proposer` (NoDrafts: target-only) and up to k drafts a round."""
     if k < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
     device = target.device
+    rows = min(concurrency, len(prompts))
+    length = max(len(p) for p in prompts) + max_new_tokens + 3 * (k + 1)  # the last round may run past the limit
+    target.begin(rows, length)
+    proposer.begin(rows, length)
+    queue = list(range(len(prompts)))
+    owner = [-1] * rows  # each row's request (-1: none)
+    contexts: list[list[int]] = [[] for _ in range(rows)]  # host copies for n-gram lookup
+    traces: list[Trace | None] = [None] * len(prompts)
+    admitted, finished = [0.0] * len(prompts), [0.0] * len(prompts)
+    last = torch.zeros(rows, dtype=torch.long, device=device)
+    drafting = not isinstance(proposer, NoDrafts)
     synchronize(device)
     start = time.perf_counter()
-    capacity = max_new_tokens + 3 * (k + 1)  # the last round runs past the limit; a finished row redrafts past it
-    logits, aux = target.start(prompts, capacity, with_aux=proposer.needs_aux)
-    last = logits.argmax(-1)  # [B]
-    traces = [Trace(tokens=[t], target_forwards=1) for t in last.tolist()]
-    first_token_seconds = time.perf_counter() - start
-    contexts = [list(p) + t.tokens for p, t in zip(prompts, traces)]  # host copies for n-gram lookup
-    proposer.start(torch.cat([target.prompt_ids[:, 1:], last[:, None]], dim=1), aux, target.starts, capacity)
-    live = [not answer_done(t.tokens, t.tokens, max_new_tokens, stop_ids) for t in traces]
-    all_rows = torch.arange(len(prompts), device=device)
-    while any(live):
+
+    def refill(free: list[int], at: float) -> None:
+        """The next prompts into the `free` rows, which came free at time `at` (a client in a closed loop sends its
+        next request as its last answer ends): their time to first token counts from then."""
+        while free and queue:
+            take = [queue.pop(0) for _ in range(min(len(free), len(queue)))]
+            used, free[:] = free[: len(take)], free[len(take):]
+            ids, starts, logits, aux = target.prefill(used, [prompts[i] for i in take], with_aux=proposer.needs_aux)
+            first = logits.argmax(-1)
+            last[on_device(used, device)] = first
+            proposer.prefill(used, ids, first, aux, starts)
+            now = time.perf_counter()
+            for row, i, token in zip(used, take, first.tolist()):
+                admitted[i] = at
+                traces[i] = Trace(tokens=[token], target_forwards=1, ttft_seconds=now - at)
+                owner[row], contexts[row] = i, list(prompts[i]) + [token]
+                if answer_done(traces[i].tokens, traces[i].tokens, max_new_tokens, stop_ids):
+                    finished[i], owner[row] = now, -1
+                    free.append(row)
+            at = now
+
+    refill(list(range(rows)), start)
+    all_rows = torch.arange(rows, device=device)
+    while any(o >= 0 for o in owner):
         draft, proposed = proposer.propose(contexts, k)
         logits, aux = target.forward(torch.cat([last[:, None], draft], dim=1), with_aux=proposer.needs_aux)
         verified = logits.argmax(-1)  # [B, m + 1]: the target's token after each input position
         drafted, target_tokens = draft.tolist(), verified.tolist()  # the round's host sync
-        counts = []
-        for row, trace in enumerate(traces):
-            if not live[row]:
+        now = time.perf_counter()
+        counts, free = [], []
+        for row, i in enumerate(owner):
+            if i < 0:
                 counts.append(0)
                 continue
-            accepted = 0
+            trace, accepted = traces[i], 0
             while accepted < proposed[row] and drafted[row][accepted] == target_tokens[row][accepted]:
                 accepted += 1
             new = target_tokens[row][: accepted + 1]
-            trace.proposed.append(proposed[row])
-            trace.accepted.append(accepted)
+            if drafting:  # target-only greedy has no rounds of drafts
+                trace.proposed.append(proposed[row])
+                trace.accepted.append(accepted)
             trace.target_forwards += 1
             trace.tokens += new
             contexts[row] += new
             counts.append(accepted + 1)
-            live[row] = not answer_done(trace.tokens, new, max_new_tokens, stop_ids)
+            if answer_done(trace.tokens, new, max_new_tokens, stop_ids):
+                finished[i], owner[row] = now, -1
+                free.append(row)
         proposer.accept(verified, aux, counts)
-        counts = target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
-        last = verified[all_rows, (counts - 1).clamp(min=0)]
+        counts_t = target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
+        last = verified[all_rows, (counts_t - 1).clamp(min=0)]
+        for row in free:
+            contexts[row] = []
+        refill(free, now)
     synchronize(device)
-    for trace in traces:
+    wall = time.perf_counter() - start
+    for i, trace in enumerate(traces):
         trace.tokens = cut_output(trace.tokens, max_new_tokens, stop_ids)
-    return _share_times(traces, time.perf_counter() - start, first_token_seconds)
+        trace.seconds = wall / len(traces)  # the requests share the run's wall time: summed, its throughput
+        after_first = finished[i] - admitted[i] - trace.ttft_seconds
+        trace.tpot_seconds = after_first / (len(trace.tokens) - 1) if len(trace.tokens) > 1 else None
+    return traces

@@ -24,6 +24,7 @@ class Timed:
     trace: object
     seconds: list[float] = field(default_factory=list)
     first_token_seconds: list[float] = field(default_factory=list)
+    latencies: list[dict] = field(default_factory=list)  # each run's ttft_seconds and tpot_seconds
     positions: list[int] = field(default_factory=list)
     repeatable: bool = True
 
@@ -33,18 +34,24 @@ class Timed:
             self.repeatable = False
         self.seconds.append(trace.seconds)
         self.first_token_seconds.append(trace.first_token_seconds)
+        self.latencies.append(trace.latency())
         self.positions.append(position)
 
     def row(self, k: int) -> dict:
         firsts = [t for t in self.first_token_seconds if t is not None]
+        latency = {key: [run[key] for run in self.latencies if run[key] is not None] for key in self.latencies[0]}
         return {**self.trace.counts(k), "repeat_seconds": list(self.seconds),
                 "first_token_seconds": statistics.median(firsts) if firsts else None,
+                **{key: statistics.median(values) if values else None for key, values in latency.items()},
                 "run_order": " ".join(map(str, self.positions))}
+
+
+TIMES = ("seconds", "first_token_seconds", "ttft_seconds", "tpot_seconds")
 
 
 def _counts(trace, k: int) -> dict:
     """What a run decoded (tokens, forwards, drafts, accepted per position), without its times."""
-    return {key: v for key, v in trace.counts(k).items() if key not in ("seconds", "first_token_seconds")}
+    return {key: v for key, v in trace.counts(k).items() if key not in TIMES}
 
 
 def time_interleaved(decoders: dict, ids: list[int], repeats: int, shift: int, k: int) -> dict[str, Timed]:

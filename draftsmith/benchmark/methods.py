@@ -11,8 +11,8 @@ from draftsmith.benchmark.batch_spec import (
     BatchEagle3Proposer,
     BatchHybridProposer,
     BatchPromptLookupProposer,
-    batch_greedy_decode,
-    batch_speculative_decode,
+    NoDrafts,
+    serve,
 )
 from draftsmith.benchmark.proposers import Eagle3Proposer, HybridProposer, PromptLookupProposer
 from draftsmith.benchmark.results import BASELINE
@@ -85,16 +85,20 @@ def method_proposers(methods: list[str], settings: ProposerSettings) -> dict:
 
 
 def method_decoders(methods: list[str], target, proposers: dict, k: int, max_new_tokens: int, stop_ids: set[int],
-                    batched: bool = False) -> dict:
-    """Per method, a function of one prompt's token ids (`batched`: of a list of them) that decodes it on `target` (a
-    TargetModel; `batched`: a BatchTarget) and returns its trace (`batched`: one per row): target-only greedy for the
-    baseline, speculative decoding with k drafted tokens a round and the method's proposer for the others."""
-    greedy, speculative = ((batch_greedy_decode, batch_speculative_decode) if batched
-                           else (greedy_decode, speculative_decode))
+                    concurrency: int | None = None) -> dict:
+    """Per method, a function of one prompt's token ids (with `concurrency`: of a list of prompts) that decodes it on
+    `target` (a TargetModel; with `concurrency`: a BatchTarget, that many requests in flight) and returns its trace
+    (with `concurrency`: one per prompt): target-only greedy for the baseline, speculative decoding with k drafted
+    tokens a round and the method's proposer for the others."""
+    if concurrency is not None:
+        def served(proposer):
+            return lambda prompts: serve(target, proposer, prompts, concurrency, k, max_new_tokens, stop_ids)
+
+        return {m: served(NoDrafts(target.device) if m == BASELINE else proposers[m]) for m in methods}
 
     def decoder(method: str):
         if method == BASELINE:
-            return lambda ids: greedy(target, ids, max_new_tokens, stop_ids)
-        return lambda ids: speculative(target, proposers[method], ids, k, max_new_tokens, stop_ids)
+            return lambda ids: greedy_decode(target, ids, max_new_tokens, stop_ids)
+        return lambda ids: speculative_decode(target, proposers[method], ids, k, max_new_tokens, stop_ids)
 
     return {m: decoder(m) for m in methods}

@@ -206,7 +206,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
     for size in [s for s in sizes if s > 1]:
-        outputs_by_size[size] = time_batches(size, methods, rendered, categories, cfg, runner, settings, stop_ids, rows,
+        outputs_by_size[size] = time_concurrency(size, methods, rendered, categories, cfg, runner, settings, stop_ids, rows,
                                              unrepeatable, variant)
     num_prompts = len(rendered)
 
@@ -312,46 +312,43 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
                      k + 1, costs["verify_step_ms"], costs["cost_ratio"], stats["ideal_speedup"])
 
 
-def time_batches(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
-                 runner: TargetModel, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
-                 unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
-    """Every method on the rendered prompts `size` at a time (in order; the last batch may be smaller), after an
-    untimed warm-up on the first batch; appends the rows (and unrepeatable prompts) and returns each method's outputs
-    by prompt id."""
+def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
+                     runner: TargetModel, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
+                     unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
+    """Every method on all the rendered prompts with `size` requests in flight (draftsmith.benchmark.batch_spec.serve:
+    a row takes the next prompt as its answer ends), after an untimed warm-up on the first `size` prompts; each method
+    `repeats` times, interleaved. Appends the rows (and unrepeatable prompts) and returns each method's outputs by
+    prompt id."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
-    graphs = runner.graphs.enabled
-    target = BatchTarget(runner, cuda_graphs=graphs)
+    target = BatchTarget(runner, cuda_graphs=runner.graphs.enabled)
     proposers = method_proposers(methods, dataclasses.replace(settings, batched=True))
-    decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, batched=True)
+    decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size)
     pids = list(rendered)
-    batches = [pids[i : i + size] for i in range(0, len(pids), size)]
-    # buffers for each batch's row count, sized for the longest prompt, and every step shape captured before timing
+    in_flight = min(size, len(pids))
+    # buffers sized for the longest prompt, and every step shape captured before timing
     length = max(len(ids) for ids in rendered.values()) + max_new_tokens + 3 * (k + 1)
-    for row_count in sorted({len(b) for b in batches}):
-        for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
-            model.reserve(row_count, length)
-            model.capture(row_count, k)
-    if graphs:
-        log.info("batch size %d: captured %d target steps and %s draft rounds", size, len(target.buffers.graphs.steps),
+    for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
+        model.reserve(in_flight, length)
+        model.capture(in_flight, k)
+    if runner.graphs.enabled:
+        log.info("concurrency %d: captured %d target steps and %s draft rounds", size, len(target.buffers.graphs.steps),
                  "+".join(str(len(p.buffers.graphs.steps)) for p in proposers.values()
                           if isinstance(p, BatchEagle3Proposer)))
-    log.info("batch size %d: %d batches; warm-up: every method once on the first", size, len(batches))
+    log.info("concurrency %d: %d prompts, %d requests in flight; warm-up: every method once on the first %d", size,
+             len(pids), in_flight, in_flight)
     for decode in decoders.values():
-        decode([rendered[pid] for pid in batches[0]])
+        decode([rendered[pid] for pid in pids[:in_flight]])
     outputs: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
-    for index, batch in enumerate(tqdm(batches, desc=f"benchmark {variant} at batch size {size}", unit="batch",
-                                       mininterval=5)):
-        timed = time_batch_interleaved(decoders, [rendered[pid] for pid in batch], repeats, index, k)
-        for method, batch_rows in timed.items():
-            for pid, t in zip(batch, batch_rows):
-                outputs[method][pid] = t.trace.tokens
-                rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
-                             "category": categories[pid], "batch_size": size, "prompt_tokens": len(rendered[pid]),
-                             **t.row(k)})
-                if not t.repeatable:
-                    unrepeatable[method].append(pid)
-                    log.error("NOT REPEATABLE: %s on prompt %s at batch size %d emitted other tokens or counts in a "
-                              "later run", method, pid, size)
-        log.info("batch size %d, batch %d (%s): median seconds %s", size, index, " ".join(batch),
-                 ", ".join(f"{m} {sum(statistics.median(t.seconds) for t in ts):.3f}" for m, ts in timed.items()))
+    timed = time_batch_interleaved(decoders, [rendered[pid] for pid in pids], repeats, 0, k)
+    for method, prompt_rows in timed.items():
+        for pid, t in zip(pids, prompt_rows):
+            outputs[method][pid] = t.trace.tokens
+            rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
+                         "category": categories[pid], "batch_size": size, "prompt_tokens": len(rendered[pid]), **t.row(k)})
+            if not t.repeatable:
+                unrepeatable[method].append(pid)
+                log.error("NOT REPEATABLE: %s on prompt %s at concurrency %d emitted other tokens or counts in a later "
+                          "run", method, pid, size)
+    log.info("concurrency %d: median seconds of the whole run %s", size,
+             ", ".join(f"{m} {sum(statistics.median(t.seconds) for t in ts):.3f}" for m, ts in timed.items()))
     return outputs

@@ -38,7 +38,7 @@ METHODS = [BASELINE, "prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid
 COLUMNS = [
     "variant", "backend", "method", "prompt_id", "category", "batch_size", "prompt_tokens", "new_tokens", "target_forwards",
     "drafts", "draft_tokens", "accepted_tokens", "acceptance_length", "seconds", "first_token_seconds", "tokens_per_s",
-    "speedup", "repeats", "time_spread", "repeat_seconds", "run_order",
+    "speedup", "repeats", "time_spread", "repeat_seconds", "run_order", "ttft_seconds", "tpot_seconds",
 ]
 
 
@@ -81,6 +81,8 @@ def finish_rows(rows: list[dict], k: int) -> pd.DataFrame:
     if "first_token_seconds" not in df:
         df["first_token_seconds"] = math.nan
     df["first_token_seconds"] = df["first_token_seconds"].astype(float)
+    for col in ("ttft_seconds", "tpot_seconds"):  # per request; a backend without them leaves them NaN
+        df[col] = df[col].astype(float) if col in df else math.nan
     times = df["repeat_seconds"].map(parse_times) if "repeat_seconds" in df else pd.Series([[]] * len(df), index=df.index)
     times = pd.Series([t or [float(s)] for t, s in zip(times, df["seconds"])], index=df.index, dtype=object)
     df["seconds"] = times.map(statistics.median).astype(float)
@@ -160,7 +162,17 @@ def _aggregate(g: pd.DataFrame, base: pd.DataFrame, k: int) -> dict:
         "decode_tokens_per_s": decode_tps,
         "decode_speedup": decode_tps / base_decode_tps if base_decode_tps else math.nan,
         **_timing(g, base, speedup),
+        **_latency(g),
     }
+
+
+def _latency(g: pd.DataFrame) -> dict:
+    """The requests' time to first token (median) and time per output token after it (median and 90th percentile),
+    in seconds; None where the rows have none."""
+    ttft, tpot = g["ttft_seconds"].dropna(), g["tpot_seconds"].dropna()
+    return {"ttft_p50": float(ttft.median()) if len(ttft) else None,
+            "tpot_p50": float(tpot.median()) if len(tpot) else None,
+            "tpot_p90": float(tpot.quantile(0.9)) if len(tpot) else None}
 
 
 def _decode_tokens_per_s(g: pd.DataFrame) -> float:
@@ -202,7 +214,8 @@ def pays_up_to(per_batch_size: dict) -> int | None:
 
 def per_batch_size_entry(method_entry: dict) -> dict:
     """The figures of one method at one size, from that size's summary entry."""
-    keys = ("tokens_per_s", "speedup", "acceptance_length", "prompts", "new_tokens", "seconds")
+    keys = ("tokens_per_s", "speedup", "acceptance_length", "prompts", "new_tokens", "seconds", "ttft_p50", "tpot_p50",
+            "tpot_p90")
     return {key: method_entry.get(key) for key in keys}
 
 

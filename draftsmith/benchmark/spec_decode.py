@@ -48,6 +48,10 @@ class Trace:
     accepted: list[int] = field(default_factory=list)
     seconds: float = 0.0
     first_token_seconds: float | None = None  # from the start to the first token on the host (the prompt's forward)
+    # per request under load (draftsmith.benchmark.batch_spec.serve): from its admission to its first token, and the
+    # time per output token after it; one request alone: the first token's time and the rest's time per token
+    ttft_seconds: float | None = None
+    tpot_seconds: float | None = None
 
     def counts(self, k: int) -> dict:
         """Row fields of `draftsmith.benchmark.results` (rounds without a proposal are not drafts)."""
@@ -63,10 +67,23 @@ class Trace:
             "accepted_tokens": sum(self.accepted),
             "seconds": self.seconds,
             "first_token_seconds": self.first_token_seconds,
+            **self.latency(),
         }
         for i in range(1, k + 1):
             row[f"accept_pos_{i}"] = sum(1 for a in self.accepted if a >= i)
         return row
+
+    def latency(self) -> dict:
+        """The request's time to its first token and time per output token after it (alone: its own times)."""
+        if self.ttft_seconds is not None:
+            return {"ttft_seconds": self.ttft_seconds, "tpot_seconds": self.tpot_seconds}
+        return {"ttft_seconds": self.first_token_seconds, "tpot_seconds": _after_first(self)}
+
+
+def _after_first(trace: Trace) -> float | None:
+    if trace.first_token_seconds is None or len(trace.tokens) < 2:
+        return None
+    return (trace.seconds - trace.first_token_seconds) / (len(trace.tokens) - 1)
 
 
 def cut_output(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:

@@ -105,9 +105,13 @@ def load_summaries(paths) -> tuple[dict[str, dict], pd.DataFrame]:
     return by_variant, pd.DataFrame(rows)
 
 
+LATENCY = ("ttft_p50", "tpot_p50", "tpot_p90")  # per_batch_size's latency figures, in seconds (NaN where absent)
+
+
 def load_batch_sizes(summaries: dict[str, dict]) -> pd.DataFrame:
     """One row per (variant, method, batch size) from each summary's per_batch_size (draftsmith.benchmark.results),
-    with the method's pays_up_to; a summary written without it counts as its one size (concurrency, else 1)."""
+    with the method's pays_up_to and the requests' latency in ms; a summary written without it counts as its one size
+    (concurrency, else 1)."""
     rows = []
     for variant, summary in summaries.items():
         for method, m in summary["methods"].items():
@@ -117,8 +121,10 @@ def load_batch_sizes(summaries: dict[str, dict]) -> pd.DataFrame:
                              "batch_size": int(size), "tokens_per_s": _float(entry.get("tokens_per_s")),
                              "speedup": _float(entry.get("speedup")),
                              "acceptance_length": _float(entry.get("acceptance_length")),
+                             **{f"{key}_ms": 1000 * _float(entry.get(key)) for key in LATENCY},
                              "pays_up_to": m.get("pays_up_to")})
-    columns = ["variant", "backend", "method", "batch_size", "tokens_per_s", "speedup", "acceptance_length", "pays_up_to"]
+    columns = ["variant", "backend", "method", "batch_size", "tokens_per_s", "speedup", "acceptance_length",
+               *(f"{key}_ms" for key in LATENCY), "pays_up_to"]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -57,8 +57,10 @@ SPEED_COLUMNS = {
     "round model τ/(v+k·c)": "round_model_speedup",
 }
 LOAD_COLUMNS = {
-    "variant": "variant", "backend": "backend", "method": "method", "batch size": "batch_size",
+    "variant": "variant", "backend": "backend", "method": "method", "concurrency": "batch_size",
     "tokens/s": "tokens_per_s", "speedup": "speedup", "acceptance length": "acceptance_length",
+    "time to first token p50 (ms)": "ttft_p50_ms", "time per output token p50 (ms)": "tpot_p50_ms",
+    "p90 (ms)": "tpot_p90_ms",
 }
 
 
@@ -75,8 +77,9 @@ def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_table(batch: pd.DataFrame) -> pd.DataFrame:
-    """Per (variant, method, batch size): total tokens/s, the speedup over target-only greedy at the same size, and
-    acceptance length (draftsmith.report.load.load_batch_sizes)."""
+    """Per (variant, method, concurrency): total tokens/s, the speedup over target-only greedy at the same concurrency,
+    acceptance length, and the requests' latency: time to first token and time per output token after it
+    (draftsmith.report.load.load_batch_sizes)."""
     df = by_variant_and_method(batch, "batch_size")
     return _columns(df.assign(batch_size=df["batch_size"].astype(int)), LOAD_COLUMNS)
 
@@ -90,7 +93,7 @@ def load_findings(batch: pd.DataFrame) -> list[str]:
         g = g.sort_values("batch_size")
         if len(g) < 2:
             continue
-        unit = "concurrency" if g["backend"].iloc[0] == "vllm" else "batch size"
+        unit = "concurrency"
         sizes, speedups = [int(s) for s in g["batch_size"]], list(g["speedup"])
         at = {s: x for s, x in zip(sizes, speedups)}
         pays = g["pays_up_to"].iloc[0]
