@@ -17,14 +17,17 @@ decoding is deterministic: every run must emit the same tokens with the same cou
 reported (`unrepeatable_prompts` in the summary), not hidden (draftsmith.benchmark.interleaved). Each method decodes
 through draftsmith.benchmark.methods: its proposer and its decoder, batch 1 or batched.
 
-Batch sizes (`benchmark.batch_sizes`, draftsmith.config.batch_sizes): size 1 is the loop above, one prompt at a
-time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size B decodes the same prompts (a second
-turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) B at a time, in order,
-with the batched decoders of draftsmith.benchmark.batch_spec (CUDA graphs per row count where the batch-1 loop
-has them, captured before timing): after an untimed warm-up on the first batch, each batch is timed like a prompt
-above (every method `repeats` times, interleaved), and each of its rows gets the batch's time over its rows. Rows carry their `batch_size`; per size, each speculative method's outputs
-are compared with target-only greedy's at that size, and target-only greedy's with its batch-1 outputs
-(`matches_batch_1`); the summary's `per_batch_size` and `pays_up_to` are the vllm backend's (the same helper).
+Concurrency (`benchmark.batch_sizes`, draftsmith.config.batch_sizes): size 1 is the loop above, one prompt at a
+time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size N decodes the same prompts (a second
+turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) with N requests in flight,
+as a server under a closed-loop load has them: each row takes the next prompt as soon as its answer ends
+(draftsmith.benchmark.batch_spec.serve; CUDA graphs per row count where the batch-1 loop has them, captured before
+timing). After an untimed warm-up run of every method on all the prompts, every method runs them `repeats` times,
+interleaved; each prompt's row gets the run's wall time over the prompts (summed: the run's throughput) and its own
+time to first token and time per output token. Rows carry their `batch_size` (the concurrency); per size, each
+speculative method's outputs are compared with target-only greedy's at that size, and target-only greedy's with its
+batch-1 outputs (`matches_batch_1`); the summary's `per_batch_size` and `pays_up_to` are the vllm backend's (the same
+helper), with the requests' latency percentiles (ttft_p50, tpot_p50, tpot_p90).
 """
 
 from __future__ import annotations
@@ -316,7 +319,7 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
                      runner: TargetModel, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
                      unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
     """Every method on all the rendered prompts with `size` requests in flight (draftsmith.benchmark.batch_spec.serve:
-    a row takes the next prompt as its answer ends), after an untimed warm-up on the first `size` prompts; each method
+    a row takes the next prompt as its answer ends), after an untimed warm-up run of every method; each method
     `repeats` times, interleaved. Appends the rows (and unrepeatable prompts) and returns each method's outputs by
     prompt id."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
@@ -334,10 +337,15 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
         log.info("concurrency %d: captured %d target steps and %s draft rounds", size, len(target.buffers.graphs.steps),
                  "+".join(str(len(p.buffers.graphs.steps)) for p in proposers.values()
                           if isinstance(p, BatchEagle3Proposer)))
-    log.info("concurrency %d: %d prompts, %d requests in flight; warm-up: every method once on the first %d", size,
-             len(pids), in_flight, in_flight)
+    # The warm-up is a whole run of every method: the timed runs then refill with prefills of shapes (rows, width) the
+    # warm-up already ran (greedy decoding is deterministic: the rows come free in the same order). A warm-up on the
+    # first `size` prompts alone left them cold, and on one H100 in bf16 the first method to meet each new prefill
+    # shape paid for it: at 16 in flight, time to first token 62-65 ms for the methods that met them first, 21-22 ms
+    # for those after (docs/BENCHMARKS.md, "Under load").
+    log.info("concurrency %d: %d prompts, %d requests in flight; warm-up: every method once on all of them", size,
+             len(pids), in_flight)
     for decode in decoders.values():
-        decode([rendered[pid] for pid in pids[:in_flight]])
+        decode([rendered[pid] for pid in pids])
     outputs: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
     timed = time_batch_interleaved(decoders, [rendered[pid] for pid in pids], repeats, 0, k)
     for method, prompt_rows in timed.items():

@@ -25,7 +25,7 @@ FIGURES = {
     "acceptance_length": "Acceptance length (tokens per target forward) by method",
     "per_position_acceptance": "Acceptance rate by draft position",
     "throughput": "Decoding throughput (tokens/s) and speedup over target-only greedy, with its range over the timed runs",
-    "speedup_by_batch_size": "Throughput under load: speedup over target-only greedy against batch size (vllm: requests in flight; offline: prompts decoded together)",
+    "speedup_by_batch_size": "Throughput under load: speedup over target-only greedy against concurrency (requests in flight; offline: a row takes the next prompt as its answer ends)",
     "training_loss": "Training loss per TTT step",
     "training_accuracy": "Training accuracy per TTT step",
     "acceptance_by_category": "Acceptance length per prompt category",

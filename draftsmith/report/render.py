@@ -50,10 +50,11 @@ SECTIONS = [
      "host sync, so the models are estimates: on one H100 τ/(v+k·c) came within 3% of the measured speedup. "
      "A vLLM benchmark times one run per method: its spread and range are unknown (—)."),
     ("load", "Throughput under load",
-     "Total generated tokens/s of every method at each batch size of benchmark.batch_sizes (vllm: requests in flight "
-     "against one server per method; offline: prompts decoded together), the speedup over target-only greedy at the same size, "
-     "and acceptance length (at a vLLM size above 1 from the server's spec-decode counters over the size). The summary's "
-     "figures are those of the smallest size."),
+     "Total generated tokens/s of every method at each concurrency of benchmark.batch_sizes (requests in flight: vllm "
+     "against one server per method; offline with refill, a row taking the next prompt as its answer ends), the speedup "
+     "over target-only greedy at the same concurrency, acceptance length (at a vLLM size above 1 from the server's "
+     "spec-decode counters over the size), and per request the time to its first token (from its admission) and the time "
+     "per output token after it (offline). The summary's figures are those of the smallest size."),
     ("predicted", "What validation predicted, what the benchmark measured",
      "Validation full accuracy of TTT step i (training, last validation row) = the fraction of held-out training "
      "positions where the draft's tokens of steps 0..i were all the target's greedy tokens, the draft fed the "
