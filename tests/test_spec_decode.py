@@ -138,7 +138,16 @@ def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_
         for proposer in (hybrid, alone):  # a new round after one verified token: the draft's own chain
             proposer.accept(first, aux[:, -1:])
         assert hybrid.propose(fresh, 3).tolist() == alone.propose(fresh, 3).tolist()
-    assert hybrid.rounds == {"prompt_lookup": 1, "eagle3": 1}
+        # a lookup round after a verification feeds the draft its verified input without the chain: the round after
+        # it drafts what a draft that ran every chain drafts
+        for proposer in (hybrid, alone):
+            proposer.accept(first, aux[:, -1:])
+        assert hybrid.propose(repeat, 3).tolist() == prompt[2:5]
+        alone.propose(repeat, 3)
+        for proposer in (hybrid, alone):
+            proposer.accept(first, aux[:, -1:])
+        assert hybrid.propose(fresh, 3).tolist() == alone.propose(fresh, 3).tolist()
+    assert hybrid.rounds == {"prompt_lookup": 2, "eagle3": 2}
     with pytest.raises(ValueError, match="hybrid_min_ngram must be within 1..prompt_lookup_ngram"):
         HybridProposer(PromptLookupProposer(3, target.device), alone, min_ngram=4)
     used = Counter()
@@ -284,7 +293,8 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
     spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
     assert captured == ({(q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
-                        | {("prompt", b, aux) for b in buckets for aux in (False, True)}, {(n, 3) for n in range(1, 5)} | {("prompt", b, 3) for b in buckets})
+                        | {("prompt", b, aux) for b in buckets for aux in (False, True)},
+                        {(n, chain) for n in range(1, 5) for chain in (3, 0)} | {("prompt", b, 3) for b in buckets})
     stop = tiny["stop"]
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         padded = speculative_decode(target, proposer, ids, 3, MAX_NEW, stop)
@@ -293,6 +303,8 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
         assert 0 < padded.first_token_seconds < padded.seconds and 0 < greedy.first_token_seconds < greedy.seconds
         assert speculative_decode(target, PromptLookupProposer(3, target.device), ids, 3, MAX_NEW, stop).tokens == greedy.tokens
         assert greedy_decode(target, ids, MAX_NEW, stop).tokens == greedy.tokens
+        hybrid = HybridProposer(PromptLookupProposer(3, target.device), proposer, min_ngram=2)  # chains of 0 too
+        assert speculative_decode(target, hybrid, ids, 3, MAX_NEW, stop).tokens == greedy.tokens
     assert (set(target.graphs.steps), set(proposer.graphs.steps)) == captured
 
 

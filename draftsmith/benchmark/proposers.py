@@ -150,29 +150,33 @@ class Eagle3Proposer:
                     torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
 
         buckets = prompt_buckets(longest_prompt)
-        self.reserve(buckets[-1] + (k + 1) * (k + 2) // 2 + k)
+        self.reserve(buckets[-1] + (k + 1) * (k + 2) + k)
         for bucket in buckets:
             self.start(*zeros(bucket), capacity=bucket + k)
             self.propose([], k)
-        for n in range(1, k + 2):
-            self.accept(*zeros(n))
-            self.propose([], k)
+        for chain in (k, 0):  # 0: the rounds whose drafts the hybrid takes from prompt lookup
+            for n in range(1, k + 2):
+                self.accept(*zeros(n))
+                self.propose([], k, chain)
 
-    def propose(self, context: list[int], k: int) -> torch.Tensor:
+    def propose(self, context: list[int], k: int, chain: int | None = None) -> torch.Tensor:
+        """Up to k drafts: the newly verified inputs into the cache, then a chain of `chain` (default k) drafts; a
+        chain of 0 only feeds the cache (a round whose drafts come from elsewhere: the hybrid's)."""
+        chain = k if chain is None else chain
         n = self.pending_tokens.shape[1]
-        if self.verified + n + k > self.cache.max_length:
+        if self.verified + n + chain > self.cache.max_length:
             raise ValueError(f"the draft's KV cache holds {self.cache.max_length} positions; "
-                             f"{self.verified} + {n} + {k} asked for")
+                             f"{self.verified} + {n} + {chain} asked for")
         self._verified.fill_(self.verified)
         self._count.fill_(n)
-        draft_round = functools.partial(self._round, k=k)
+        draft_round = functools.partial(self._round, k=chain)
         tokens, aux = self.pending_tokens, self.pending_aux
         bucket = prompt_bucket(n)
         if self.verified and n <= k + 1:  # a round after a verification
-            drafted = self.graphs.run((n, k), draft_round, tokens, aux)
-        elif not self.verified and self.graphs.enabled and bucket + k <= self.cache.max_length:  # a prompt, padded
+            drafted = self.graphs.run((n, chain), draft_round, tokens, aux)
+        elif not self.verified and self.graphs.enabled and bucket + chain <= self.cache.max_length:  # a prompt, padded
             pad = torch.nn.functional.pad
-            drafted = self.graphs.run(("prompt", bucket, k), draft_round, pad(tokens, (0, bucket - n)),
+            drafted = self.graphs.run(("prompt", bucket, chain), draft_round, pad(tokens, (0, bucket - n)),
                                       pad(aux, (0, 0, 0, bucket - n)), tune=False)
         else:
             drafted = draft_round(tokens, aux)
@@ -183,6 +187,8 @@ class Eagle3Proposer:
         """k chain drafts after the round's first `_count` inputs (the rest is padding) written at `_verified`."""
         draft = self.draft
         out = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)
+        if not k:
+            return torch.zeros(0, dtype=torch.long, device=tokens.device)
         hidden = out.index_select(1, self._count - 1)  # the last real input's state, without a host sync
         drafted = []
         for step in range(k):
@@ -201,8 +207,9 @@ class Eagle3Proposer:
 class HybridProposer:
     """Prompt lookup's drafts where the context's last `min_ngram` or more tokens recur (n-grams of up to the lookup's
     max_ngram), the EAGLE-3 draft's elsewhere. The EAGLE-3 round runs every round either way: it feeds the draft the
-    newly verified positions, so its cache stays current whichever drafts the target verified, and its chain entries
-    are overwritten by the next round's as always. `rounds` counts the rounds each source drafted."""
+    newly verified positions, so its cache stays current whichever drafts the target verified; a round that takes
+    lookup's drafts skips the draft's chain (after the prompt's round, whose capture has one). `rounds` counts the
+    rounds each source drafted."""
 
     needs_aux = True
 
@@ -217,10 +224,12 @@ class HybridProposer:
         self.eagle.start(next_tokens, aux, capacity)
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
-        drafted = self.eagle.propose(context, k)
         found = prompt_lookup_candidates(context, k, self.lookup.max_ngram, self.min_ngram)
         self.rounds["prompt_lookup" if found else "eagle3"] += 1
-        return torch.tensor(found, dtype=torch.long, device=drafted.device) if found else drafted
+        if not found:
+            return self.eagle.propose(context, k)
+        self.eagle.propose(context, k, chain=0 if self.eagle.verified else k)  # the prompt's round: captured with k
+        return torch.tensor(found, dtype=torch.long, device=self.lookup.device)
 
     def accept(self, next_tokens, aux) -> None:
         self.eagle.accept(next_tokens, aux)
