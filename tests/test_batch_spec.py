@@ -16,6 +16,7 @@ import torch
 from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget, NoDrafts, serve
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.spec_decode import greedy_decode
+from draftsmith.decoding.static_cache import prompt_bucket
 
 tiny = spec_tests.tiny  # the module-scoped fixture, built once for this module too
 MAX_NEW = spec_tests.MAX_NEW
@@ -197,3 +198,22 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     with pytest.raises(ValueError, match="batch_sizes"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "batch_sizes": [0, 2]}, out / "x.csv", out / "x.json", "default")
+
+
+@pytest.mark.parametrize("concurrency", [2, 3])
+def test_prefills_padded_to_buckets_and_replayed_give_the_same_outputs(tiny, concurrency):
+    """With CUDA graphs a refill's prompts are left-padded to their bucket and the prefill is replayed from a capture
+    per (rows, width). Here on the CPU through the recorder (test_spec_decode.EagerStepRecorder, a mock of the
+    capture, named as such: CI has no GPU) that keeps each shape's first inputs at fixed addresses, as a graph does:
+    every request still gets its batch-1 greedy output, and the prefills come in a few padded widths."""
+    prompts, stop = batch_of(tiny, 5)
+    target = BatchTarget(tiny["target"])
+    proposer = BatchEagle3Proposer(tiny["trained"])
+    target.buffers.graphs, proposer.buffers.graphs = spec_tests.EagerStepRecorder(), spec_tests.EagerStepRecorder()
+    traces = serve(target, proposer, prompts, concurrency, 3, MAX_NEW, stop)
+    check_rows(traces, references(tiny, prompts, stop), 3)
+    prefills = [key for key in target.buffers.graphs.steps if key[0] == "prefill"]
+    buckets = {prompt_bucket(len(p)) for p in prompts}  # the widths: buckets, not the prompts' own lengths
+    assert prefills and {width for _, _, width, _ in prefills} <= buckets < {len(p) for p in prompts} | buckets
+    assert {rows for _, rows, _, _ in prefills} >= {concurrency, 1}  # the first fill, then refills of one row
+    check_rows(serve_greedy(target, prompts, concurrency, stop), references(tiny, prompts, stop))

@@ -50,9 +50,15 @@ from draftsmith.benchmark.proposers import PromptLookupProposer, draft_layers, p
 from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
 from draftsmith.decoding.batch_kv import BatchKV, attention_configs, grouped_attention, left_padded, on_device, row_mask
 from draftsmith.decoding.draft_kernels import fewer_kernels
-from draftsmith.decoding.static_cache import StepGraphs
+from draftsmith.decoding.static_cache import StepGraphs, prompt_bucket
 
 CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
+PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape
+
+
+def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
+    """The slots a row of `serve` needs: the longest prompt's padded width, the answer, and the last rounds past it."""
+    return prompt_bucket(max(len(p) for p in prompts)) + max_new_tokens + 3 * (k + 1)
 
 
 class RowBuffers:
@@ -145,24 +151,40 @@ class BatchTarget:
 
     def prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool = False):
         """New requests in `rows` (the others keep theirs): the prompts, left-padded to the longest, run over those rows
-        alone, each attending to itself. Returns the padded prompts [R, W], their starts [R], the last position's
-        logits [R, V] and, with `with_aux`, the auxiliary states [R, W, 3H]."""
-        ids, starts = left_padded(prompts, self.device)
+        alone, each attending to itself. With CUDA graphs the width is the longest's bucket (`prompt_bucket`), and a
+        prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (rows, width): a refill of one row costs one
+        launch rather than the model's hundreds. Returns the padded prompts [R, W], their starts [R], the last
+        position's logits [R, V] and, with `with_aux`, the auxiliary states [R, W, 3H] (a replay's outputs: use them
+        before the next step)."""
+        graphs = self.buffers.graphs
+        width = prompt_bucket(max(len(p) for p in prompts)) if graphs.enabled else None
+        ids, starts = left_padded(prompts, self.device, width)
         width = ids.shape[1]
         self.rows.check_width(width, "target's")
-        index = torch.arange(width, device=self.device)
-        cache = self.rows.cache
-        cache.prefill_rows = on_device(rows, self.device)
-        try:
-            with grouped_attention(self._attention):
-                logits, aux = self.target.call(1, with_aux, input_ids=ids,
-                                               attention_mask=row_mask(index.expand(len(rows), width), starts, width),
-                                               position_ids=(index[None, :] - starts[:, None]).clamp(min=0),
-                                               cache_position=index, past_key_values=cache)
-        finally:
-            cache.prefill_rows = None
+        index = on_device(rows, self.device)
+        step = functools.partial(self._prefill_step, with_aux=with_aux)
+        if width <= PREFILL_GRAPH_WIDTH:
+            logits, aux = graphs.run(("prefill", len(rows), width, with_aux), step, ids, starts, index, tune=False)
+        else:
+            logits, aux = step(ids, starts, index)
         self.rows.admit(rows, starts, width)
         return ids, starts, logits[:, -1], aux
+
+    def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, with_aux: bool):
+        """The prompts `ids` (starting at `starts`) into cache rows `index`, on the device alone (what a graph
+        captures)."""
+        width = ids.shape[1]
+        positions = torch.arange(width, device=ids.device)
+        cache = self.rows.cache
+        cache.prefill_rows = index
+        try:
+            with grouped_attention(self._attention):
+                return self.target.call(1, with_aux, input_ids=ids,
+                                        attention_mask=row_mask(positions.expand(len(index), width), starts, width),
+                                        position_ids=(positions[None, :] - starts[:, None]).clamp(min=0),
+                                        cache_position=positions, past_key_values=cache)
+        finally:
+            cache.prefill_rows = None
 
     def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
@@ -405,7 +427,7 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
     device = target.device
     rows = min(concurrency, len(prompts))
-    length = max(len(p) for p in prompts) + max_new_tokens + 3 * (k + 1)  # the last round may run past the limit
+    length = serve_length(prompts, max_new_tokens, k)
     target.begin(rows, length)
     proposer.begin(rows, length)
     queue = list(range(len(prompts)))

@@ -39,7 +39,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget
+from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget, serve_length
 from draftsmith.benchmark.interleaved import time_batch_interleaved, time_interleaved
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.proposers import Eagle3Proposer
@@ -329,7 +329,7 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     pids = list(rendered)
     in_flight = min(size, len(pids))
     # buffers sized for the longest prompt, and every step shape captured before timing
-    length = max(len(ids) for ids in rendered.values()) + max_new_tokens + 3 * (k + 1)
+    length = serve_length(list(rendered.values()), max_new_tokens, k)
     for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
         model.reserve(in_flight, length)
         model.capture(in_flight, k)

@@ -92,9 +92,10 @@ def on_device(values, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompts as one tensor [B, longest], each right-aligned (0 before it), and each row's start slot [B]."""
-    width = max(len(p) for p in prompts)
+def left_padded(prompts: list[list[int]], device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one tensor [B, width] (default: the longest), each right-aligned (0 before it), and each row's
+    start slot [B]."""
+    width = width or max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
