@@ -46,7 +46,13 @@ import time
 
 import torch
 
-from draftsmith.benchmark.proposers import PromptLookupProposer, draft_layers, prompt_lookup_candidates, use_sdpa
+from draftsmith.benchmark.proposers import (
+    HybridProposer,
+    PromptLookupProposer,
+    draft_layers,
+    prompt_lookup_candidates,
+    use_sdpa,
+)
 from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
 from draftsmith.decoding.batch_kv import BatchKV, attention_configs, grouped_attention, left_padded, on_device, row_mask
 from draftsmith.decoding.draft_kernels import fewer_kernels
@@ -382,18 +388,10 @@ class BatchEagle3Proposer:
             self.propose([], k)
 
 
-class BatchHybridProposer:
-    """proposers.HybridProposer per row: prompt lookup's drafts in the rows whose context's last `min_ngram` or more
-    tokens recur, the EAGLE-3 draft's in the others (its round runs for every row, keeping its cache current)."""
-
-    needs_aux = True
-
-    def __init__(self, lookup: BatchPromptLookupProposer, eagle: BatchEagle3Proposer, min_ngram: int):
-        if not 1 <= min_ngram <= lookup.max_ngram:
-            raise ValueError(f"hybrid_min_ngram must be within 1..prompt_lookup_ngram ({lookup.max_ngram}), got "
-                             f"{min_ngram}")
-        self.lookup, self.eagle, self.min_ngram = lookup, eagle, min_ngram
-        self.rounds = {"prompt_lookup": 0, "eagle3": 0}  # row-rounds each source drafted
+class BatchHybridProposer(HybridProposer):
+    """HybridProposer per row (of a BatchPromptLookupProposer and a BatchEagle3Proposer): prompt lookup's drafts in the
+    rows whose context's last `min_ngram` or more tokens recur, the EAGLE-3 draft's in the others (its round runs for
+    every row, chain included, keeping its cache current). `rounds` counts row-rounds."""
 
     def begin(self, rows: int, length: int) -> None:
         self.eagle.begin(rows, length)
