@@ -85,7 +85,8 @@ def test_gpu_snakemake_calls_parse_their_targets_as_targets():
            "configs": "config/gpu-smollm2.yaml /tmp/overlay.yaml config/overlays/a.yaml config/overlays/b.yaml",
            "EXTRA_CONFIG": "config/overlays/a.yaml config/overlays/b.yaml", "UNTIL": "vocab_map",
            "TARGETS": "results-x/benchmark/default/summary.json results-x/benchmark/data_20/summary.json",
-           "THEN_TARGETS": "results-x/benchmark/data_03/summary.json results-x/benchmark/data_20/summary.json"}
+           "THEN_TARGETS": "results-x/benchmark/data_03/summary.json results-x/benchmark/data_20/summary.json",
+           "THEN_CONFIG": "config/overlays/batch-1.yaml"}
     for call in calls:
         expanded = subprocess.run(["bash", "-c", f"printf '%s\\0' {call}"], env=env, capture_output=True, text=True,
                                   check=True).stdout.split("\0")[:-1]

@@ -4,7 +4,8 @@
 #   EXTRA_CONFIG="file ...": more config files (e.g. config/overlays/smollm2-50k.yaml config/overlays/smollm2-50k-longer.yaml);
 #   TARGETS="file ...": build only those (e.g. the first variant's summary.json, so FP32_CHECK follows it at once);
 #   FP32_CHECK=1: then the first variant's benchmark again in float32 (losslessness), in $OUT/$res-fp32.tgz;
-#   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz;
+#   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz; THEN_CONFIG="file ...":
+#   more config files for that step alone (e.g. config/overlays/batch-1.yaml: the learning curve's variants at batch 1);
 #   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards;
 #   ONLINE_PERF=1: then (before THEN_TARGETS) `python -m perf online_training` on the run (online vs offline hidden
 #   states, loaded ahead or serially, training.compile attention vs forward; ONLINE_PERF_RUNS picks the runs, the
@@ -49,7 +50,7 @@ if [ -n "${ONLINE_PERF:-}" ] && [ -z "${status:-}" ]; then
     --data-fraction "${ONLINE_PERF_FRACTION:-1}" 2>&1 | tail -n 12
 fi
 if [ -n "${THEN_TARGETS:-}" ] && [ -z "${status:-}" ]; then
-  run_snakemake $THEN_TARGETS --configfile $configs > /tmp/snakemake-then.log 2>&1 || status=$?
+  run_snakemake $THEN_TARGETS --configfile $configs ${THEN_CONFIG:-} > /tmp/snakemake-then.log 2>&1 || status=$?
   tail -n 5 /tmp/snakemake-then.log
   tar czf "$OUT/$res-then.tgz" $(for t in $THEN_TARGETS; do dirname "$t"; done) $res/benchmarks $res/draft/*/metrics.csv \
     $res/draft/*/training_data.json $res/draft/*/config.json $res/logs/benchmark $res/logs/train_draft \
