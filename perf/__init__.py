@@ -19,6 +19,8 @@ BENCHMARKS = {
     "decode_speed": "the offline benchmark's loops eager vs CUDA graphs on a finished run's draft (GPU)",
     "answer_lengths": "how long the target's sampled answers run with a far limit: the share each max_new_tokens "
                       "would cut (CPU or GPU)",
+    "lookup_host_cost": "prompt lookup's host time per round under load: the incremental n-gram index vs a scan of "
+                        "each row's context (CPU)",
 }
 TOOLS = {
     "learning_curve": "a results tree's learning curve as CSV (the report's learning_curve.csv)",

@@ -17,8 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.benchmark.proposers import (
+    ContextNgrams,
     Eagle3Proposer,
     HybridProposer,
+    NgramIndex,
     PromptLookupProposer,
     draft_layers_forward,
     prompt_lookup_candidates,
@@ -116,6 +118,29 @@ def test_prompt_lookup_prefers_the_longest_ngram_and_its_earliest_match():
     assert prompt_lookup_candidates([4], 3, max_ngram=3) == []
     assert prompt_lookup_candidates(context, 3, max_ngram=3, min_ngram=3) == [9, 2, 3]
     assert prompt_lookup_candidates([4, 5, 6, 5], 3, max_ngram=3, min_ngram=2) == []  # a 1-gram is too short
+
+
+def test_the_incremental_ngram_index_answers_what_the_scan_answers():
+    """NgramIndex, extended a few tokens at a time as decoding extends a context, proposes what a scan of the whole
+    context proposes, at every length, for every n-gram bound; ContextNgrams starts over for a new context list."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(60):
+        alphabet, max_ngram = rng.choice([2, 3, 5, 20]), rng.choice([1, 2, 3, 4])
+        index, context = NgramIndex(max_ngram), []
+        while len(context) < 80:
+            new = [rng.randrange(alphabet) for _ in range(rng.randint(1, 5))]
+            context += new
+            index.extend(new)
+            for min_ngram in range(1, max_ngram + 1):
+                for k in (1, 3):
+                    assert index.candidates(k, min_ngram) == prompt_lookup_candidates(context, k, max_ngram, min_ngram)
+    held, first, second = ContextNgrams(3), [1, 2, 3, 1, 2], [7, 1, 2, 3, 1, 2]
+    assert held.candidates(0, first, 3) == [3, 1, 2]
+    first += [3]
+    assert held.candidates(0, first, 3) == [1, 2, 3]  # extended in place: the same index, brought up to date
+    assert held.candidates(0, second, 3) == [3, 1, 2] and held.candidates(1, [5], 3) == []  # a new list, a new row
 
 
 def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_elsewhere(tiny):

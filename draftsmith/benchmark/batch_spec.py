@@ -50,7 +50,6 @@ from draftsmith.benchmark.proposers import (
     HybridProposer,
     PromptLookupProposer,
     draft_layers,
-    prompt_lookup_candidates,
     use_sdpa,
 )
 from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
@@ -264,7 +263,7 @@ class BatchPromptLookupProposer(PromptLookupProposer):
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
         """Drafts [B, m] (m: the most any row found; shorter rows padded with 0) and each row's own count."""
-        found = [prompt_lookup_candidates(context, k, self.max_ngram) for context in contexts]
+        found = [self.ngrams.candidates(row, context, k) for row, context in enumerate(contexts)]
         m = max(len(f) for f in found)
         drafts = torch.tensor([f + [0] * (m - len(f)) for f in found], dtype=torch.long, device=self.device)
         return drafts.view(len(found), m), [len(f) for f in found]
@@ -402,7 +401,7 @@ class BatchHybridProposer(HybridProposer):
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
         """[B, k] drafts (a row's lookup drafts padded with 0 past its own count) and each row's count."""
         drafted, counts = self.eagle.propose(contexts, k)
-        found = [prompt_lookup_candidates(c, k, self.lookup.max_ngram, self.min_ngram) for c in contexts]
+        found = [self.lookup.ngrams.candidates(row, c, k, self.min_ngram) for row, c in enumerate(contexts)]
         used = sum(1 for f in found if f)
         self.rounds["prompt_lookup"] += used
         self.rounds["eagle3"] += len(found) - used
