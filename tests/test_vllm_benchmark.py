@@ -459,7 +459,7 @@ def test_the_report_says_where_a_swept_draft_stops_paying_and_plots_it(stand_in,
     spec = by_variant["default"]["methods"]["eagle3_draft"]
     table = load_table(batch)
     assert list(table["method"]) == ["target_greedy"] * 3 + ["eagle3_draft"] * 3
-    assert list(table["batch size"]) == [1, 2, 4, 1, 2, 4]
+    assert list(table["concurrency"]) == [1, 2, 4, 1, 2, 4]
     drafted = table[table["method"] == "eagle3_draft"]
     assert list(drafted["speedup"]) == [spec["per_batch_size"][s]["speedup"] for s in ("1", "2", "4")]
     [line] = load_findings(batch)
