@@ -13,7 +13,8 @@ import pytest
 import test_spec_decode as spec_tests
 import torch
 
-from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget, NoDrafts, serve
+from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
+from draftsmith.benchmark.batch_spec import BatchTarget, NoDrafts, serve
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.spec_decode import greedy_decode
 from draftsmith.decoding.static_cache import prompt_bucket

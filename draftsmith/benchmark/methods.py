@@ -7,13 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.benchmark.batch_spec import (
-    BatchEagle3Proposer,
-    BatchHybridProposer,
-    BatchPromptLookupProposer,
-    NoDrafts,
-    serve,
-)
+from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
+from draftsmith.benchmark.batch_spec import NoDrafts, serve
 from draftsmith.benchmark.proposers import Eagle3Proposer, HybridProposer, PromptLookupProposer
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.benchmark.spec_decode import greedy_decode, speculative_decode

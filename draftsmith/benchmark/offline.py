@@ -39,7 +39,8 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.batch_spec import BatchEagle3Proposer, BatchTarget, serve_length
+from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
+from draftsmith.benchmark.batch_spec import BatchTarget, serve_length
 from draftsmith.benchmark.interleaved import time_batch_interleaved, time_interleaved
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.proposers import Eagle3Proposer

@@ -1,0 +1,186 @@
+"""The proposers of decoding under load (draftsmith.benchmark.batch_spec.serve), each the batch-1 proposer of
+draftsmith.benchmark.proposers for N rows: `begin(rows, length)` (no request yet), `prefill(rows, ids, first, aux,
+starts)` (the rows that take new requests), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each
+row's count) and `accept(next_tokens, aux, counts)` (what the target verified, per row).
+
+EAGLE-3 cache: the draft's cache rows use the target's slot layout (draft slot s holds the draft's state for the
+target's position at slot s, at position id s - start + 1, EAGLE-3's shift), so the row's start and mask carry
+over. A request's prompt is prefilled into the draft cache up to its last position; that position (the first
+generated token with the target's states at the prompt's end) is the row's one pending input of the next joint round.
+A round's inputs are padded to the longest row's count, and the padding, like the chain's entries, sits after the
+row's verified slots, overwritten before anything attends to it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from draftsmith.benchmark.batch_spec import RowBufferSet
+from draftsmith.benchmark.proposers import HybridProposer, PromptLookupProposer, draft_layers, use_sdpa
+from draftsmith.decoding.batch_kv import on_device, row_mask
+from draftsmith.decoding.draft_kernels import fewer_kernels
+
+
+class BatchPromptLookupProposer(PromptLookupProposer):
+    """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
+
+    def begin(self, rows: int, length: int) -> None:
+        pass
+
+    def prefill(self, rows, ids, first, aux, starts) -> None:
+        pass
+
+    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
+        """Drafts [B, m] (m: the most any row found; shorter rows padded with 0) and each row's own count."""
+        found = [self.ngrams.candidates(row, context, k) for row, context in enumerate(contexts)]
+        m = max(len(f) for f in found)
+        drafts = torch.tensor([f + [0] * (m - len(f)) for f in found], dtype=torch.long, device=self.device)
+        return drafts.view(len(found), m), [len(f) for f in found]
+
+    def accept(self, next_tokens, aux, counts) -> None:
+        pass
+
+
+class BatchEagle3Proposer:
+    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (proposers.Eagle3Proposer, batched).
+
+    Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
+    pending inputs of the next round (the newly verified tokens and the target's states before them) and how many
+    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs` (its kernels tuned with
+    `tune_kernels`, as the target's: `StepGraphs`)."""
+
+    needs_aux = True
+
+    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
+        use_sdpa(draft)
+        fewer_kernels(draft)
+        self.draft = draft
+        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device, tune_kernels)
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Buffers for `rows` rows of at least `length` slots (see BatchTarget.reserve)."""
+        self.rows = self.buffers.reserve(rows, length)
+
+    def begin(self, rows: int, length: int) -> None:
+        """`rows` rows of at least `length` slots, none holding a request yet."""
+        self.reserve(rows, length)
+        self.rows.clear()
+        fc = self.draft.fc
+        self.accept(torch.zeros((rows, 1), dtype=torch.long, device=fc.weight.device),
+                    torch.zeros((rows, 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device), [0] * rows)
+
+    def prefill(self, rows: list[int], ids: torch.Tensor, first: torch.Tensor, aux: torch.Tensor,
+                starts: torch.Tensor) -> None:
+        """New requests in `rows` (the target's prefill: its padded prompts `ids` [R, W], their first generated tokens
+        [R], its auxiliary states [R, W, 3H] and starts [R]): the draft's inputs at every prompt slot but the last (the
+        token after the slot, the target's states at it) into those rows' caches, the last one pending."""
+        tokens = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # at slot s the token after it
+        count, width = tokens.shape
+        index = on_device(rows, tokens.device)
+        if width > 1:
+            slots = torch.arange(width - 1, device=tokens.device)
+            cache = self.rows.cache
+            cache.prefill_rows = index
+            try:
+                draft_layers(self.draft, tokens[:, :-1], self.draft.fc(aux[:, :-1]),
+                             (slots[None, :] - starts[:, None]).clamp(min=0) + 1, slots,
+                             row_mask(slots.expand(count, width - 1), starts, width - 1), cache)
+            finally:
+                cache.prefill_rows = None
+        self.rows.admit(rows, starts, width - 1)
+        self.pending_tokens, self.pending_aux = self.pending_tokens.clone(), self.pending_aux.clone()
+        self.pending_tokens[index, 0] = tokens[:, -1]
+        self.pending_aux[index, 0] = aux[:, -1]
+        self.counts = self.counts.index_fill(0, index, 1)
+        for row in rows:
+            self.host_counts[row] = 1
+
+    def _layers(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        rows = self.rows
+        rows.cache.write_slots = slots
+        try:
+            return draft_layers(self.draft, tokens, hidden, (slots - rows.starts[:, None]).clamp(min=0) + 1, slots[0],
+                                row_mask(slots, rows.starts, rows.cache.length), rows.cache)
+        finally:
+            rows.cache.write_slots = None
+
+    def propose(self, contexts, k: int) -> tuple[torch.Tensor, list[int]]:
+        """k chain drafts per row [B, k] (target vocabulary), and k for every row."""
+        tokens, aux, counts = self.pending_tokens, self.pending_aux, self.counts
+        rows, n = tokens.shape
+        self.rows.check(n + k, "draft's")
+        draft_round = functools.partial(self._round, k=k)
+        if n <= k + 1:  # a round after a verification (the prompt's, W wide, runs eagerly)
+            drafted = self.buffers.graphs.run((rows, n, k), draft_round, tokens, aux, counts)
+        else:
+            drafted = draft_round(tokens, aux, counts)
+        self.rows.advance(self.host_counts)
+        return drafted, [k] * rows
+
+    def _round(self, tokens: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, k: int) -> torch.Tensor:
+        """The round's inputs (each row's first counts[row] real) written from each row's next free slot, then k
+        chain steps after them. Writes nothing but the cache (the host advances the slots after it)."""
+        draft, verified = self.draft, self.rows.lengths
+        rows, n = tokens.shape
+        slots = verified[:, None] + torch.arange(n, device=tokens.device)
+        out = self._layers(tokens, draft.fc(aux), slots)
+        all_rows = torch.arange(rows, device=tokens.device)
+        hidden = out[all_rows, (counts - 1).clamp(min=0)][:, None]  # each row's last real input (a finished row: any)
+        chain = verified + counts  # the chain's first slot, right after the row's verified ones
+        drafted = []
+        for step in range(k):
+            token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [B, 1], draft vocabulary
+            token = token + draft.d2t[token]
+            drafted.append(token)
+            if step + 1 < k:
+                hidden = self._layers(token, hidden, (chain + step)[:, None])
+        return torch.cat(drafted, dim=-1)
+
+    def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor, counts: list[int]) -> None:
+        """next_tokens [B, n]: per row, its first counts[row] are newly verified (the accepted drafts and the bonus
+        token; 0 for a finished row); aux [B, n, 3H]: the target's states at the positions before them."""
+        self.pending_tokens, self.pending_aux, self.host_counts = next_tokens, aux, counts
+        self.counts = torch.tensor(counts, dtype=torch.long, device=next_tokens.device)
+
+    @torch.inference_mode()
+    def capture(self, rows: int, k: int) -> None:
+        """Capture now the round after a verification for `rows` rows (see BatchTarget.capture)."""
+        if not self.buffers.graphs.enabled:
+            return
+        fc = self.draft.fc
+        tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=fc.weight.device)
+        aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device)
+        self.rows.clear()
+        for n in (1, k + 1):  # the first round after `begin`, and every round after a verification of k drafts
+            self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
+            self.propose([], k)
+
+
+class BatchHybridProposer(HybridProposer):
+    """HybridProposer per row (of a BatchPromptLookupProposer and a BatchEagle3Proposer): prompt lookup's drafts in the
+    rows whose context's last `min_ngram` or more tokens recur, the EAGLE-3 draft's in the others (its round runs for
+    every row, chain included, keeping its cache current). `rounds` counts row-rounds."""
+
+    def begin(self, rows: int, length: int) -> None:
+        self.eagle.begin(rows, length)
+
+    def prefill(self, rows, ids, first, aux, starts) -> None:
+        self.eagle.prefill(rows, ids, first, aux, starts)
+
+    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
+        """[B, k] drafts (a row's lookup drafts padded with 0 past its own count) and each row's count."""
+        drafted, counts = self.eagle.propose(contexts, k)
+        found = [self.lookup.ngrams.candidates(row, c, k, self.min_ngram) for row, c in enumerate(contexts)]
+        used = sum(1 for f in found if f)
+        self.rounds["prompt_lookup"] += used
+        self.rounds["eagle3"] += len(found) - used
+        if not used:
+            return drafted, counts
+        lookup = on_device([f + [0] * (k - len(f)) for f in found], drafted.device)
+        rows = on_device([int(bool(f)) for f in found], drafted.device).bool()
+        return torch.where(rows[:, None], lookup, drafted), [len(f) or c for f, c in zip(found, counts)]
+
+    def accept(self, next_tokens, aux, counts) -> None:
+        self.eagle.accept(next_tokens, aux, counts)
