@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.benchmark.batch_spec import RowBufferSet
 from draftsmith.benchmark.proposers import HybridProposer, PromptLookupProposer, draft_layers, use_sdpa
-from draftsmith.decoding.batch_kv import on_device, row_mask
+from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
 from draftsmith.decoding.draft_kernels import fewer_kernels
 
 
@@ -77,16 +77,14 @@ class BatchEagle3Proposer:
         [R], its auxiliary states [R, W, 3H] and starts [R]): the draft's inputs at every prompt slot but the last (the
         token after the slot, the target's states at it) into those rows' caches, the last one pending."""
         tokens = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # at slot s the token after it
-        count, width = tokens.shape
+        width = tokens.shape[1]
         index = on_device(rows, tokens.device)
         if width > 1:
-            slots = torch.arange(width - 1, device=tokens.device)
+            slots, mask, positions = prefill_layout(starts, width - 1)
             cache = self.rows.cache
             cache.prefill_rows = index
             try:
-                draft_layers(self.draft, tokens[:, :-1], self.draft.fc(aux[:, :-1]),
-                             (slots[None, :] - starts[:, None]).clamp(min=0) + 1, slots,
-                             row_mask(slots.expand(count, width - 1), starts, width - 1), cache)
+                draft_layers(self.draft, tokens[:, :-1], self.draft.fc(aux[:, :-1]), positions + 1, slots, mask, cache)
             finally:
                 cache.prefill_rows = None
         self.rows.admit(rows, starts, width - 1)
@@ -111,11 +109,8 @@ class BatchEagle3Proposer:
         tokens, aux, counts = self.pending_tokens, self.pending_aux, self.counts
         rows, n = tokens.shape
         self.rows.check(n + k, "draft's")
-        draft_round = functools.partial(self._round, k=k)
-        if n <= k + 1:  # a round after a verification (the prompt's, W wide, runs eagerly)
-            drafted = self.buffers.graphs.run((rows, n, k), draft_round, tokens, aux, counts)
-        else:
-            drafted = draft_round(tokens, aux, counts)
+        # n: 1 after `begin`, else the last verification's k + 1 (a prompt's inputs come in through `prefill`)
+        drafted = self.buffers.graphs.run((rows, n, k), functools.partial(self._round, k=k), tokens, aux, counts)
         self.rows.advance(self.host_counts)
         return drafted, [k] * rows
 

@@ -42,7 +42,15 @@ import time
 import torch
 
 from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
-from draftsmith.decoding.batch_kv import BatchKV, attention_configs, grouped_attention, left_padded, on_device, row_mask
+from draftsmith.decoding.batch_kv import (
+    BatchKV,
+    attention_configs,
+    grouped_attention,
+    left_padded,
+    on_device,
+    prefill_layout,
+    row_mask,
+)
 from draftsmith.decoding.static_cache import StepGraphs, prompt_bucket
 
 CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
@@ -166,16 +174,13 @@ class BatchTarget:
     def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, with_aux: bool):
         """The prompts `ids` (starting at `starts`) into cache rows `index`, on the device alone (what a graph
         captures)."""
-        width = ids.shape[1]
-        positions = torch.arange(width, device=ids.device)
+        slots, mask, positions = prefill_layout(starts, ids.shape[1])
         cache = self.rows.cache
         cache.prefill_rows = index
         try:
             with grouped_attention(self._attention):
-                return self.target.call(1, with_aux, input_ids=ids,
-                                        attention_mask=row_mask(positions.expand(len(index), width), starts, width),
-                                        position_ids=(positions[None, :] - starts[:, None]).clamp(min=0),
-                                        cache_position=positions, past_key_values=cache)
+                return self.target.call(1, with_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                        cache_position=slots, past_key_values=cache)
         finally:
             cache.prefill_rows = None
 

@@ -77,13 +77,9 @@ class Trace:
         """The request's time to its first token and time per output token after it (alone: its own times)."""
         if self.ttft_seconds is not None:
             return {"ttft_seconds": self.ttft_seconds, "tpot_seconds": self.tpot_seconds}
-        return {"ttft_seconds": self.first_token_seconds, "tpot_seconds": _after_first(self)}
-
-
-def _after_first(trace: Trace) -> float | None:
-    if trace.first_token_seconds is None or len(trace.tokens) < 2:
-        return None
-    return (trace.seconds - trace.first_token_seconds) / (len(trace.tokens) - 1)
+        first = self.first_token_seconds
+        after = (self.seconds - first) / (len(self.tokens) - 1) if first is not None and len(self.tokens) > 1 else None
+        return {"ttft_seconds": first, "tpot_seconds": after}
 
 
 def cut_output(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:

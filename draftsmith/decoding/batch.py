@@ -36,6 +36,7 @@ from draftsmith.decoding.batch_kv import (
     grouped_attention,
     left_padded,
     on_device,
+    prefill_layout,
     row_mask,
 )
 from draftsmith.decoding.sampling import Sampling, choose_tokens
@@ -199,10 +200,7 @@ class BatchDecoder:
         ids, starts = left_padded([list(p) for p in distinct], self.device)
         width = ids.shape[1]
         self.prefill_tokens += width * len(distinct)
-        index = torch.arange(width, device=self.device)
-        # causal within the prompt, from its start; a padding position attends to itself (finite, never read)
-        mask = row_mask(index.expand(len(distinct), width), starts, width)
-        positions = (index[None, :] - starts[:, None]).clamp(min=0)
+        index, mask, positions = prefill_layout(starts, width)
         self.cache.prefill_rows = on_device(list(lead.values()), self.device)
         try:
             logits = self._forward(ids, mask, positions, index)

@@ -80,6 +80,15 @@ def row_mask(query_slots: torch.Tensor, starts: torch.Tensor, length: int) -> to
     return ((keys <= query) & ((keys >= starts[:, None, None]) | (keys == query)))[:, None]
 
 
+def prefill_layout(starts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill of left-padded prompts `width` wide (each starting at `starts[row]`) at slots 0..width-1: the slots
+    [width], the mask [rows, 1, width, width] (causal within each prompt from its start; a padding position attends to
+    itself: finite, never read) and the position ids [rows, width] (slot - start, 0 on the padding)."""
+    slots = torch.arange(width, device=starts.device)
+    mask = row_mask(slots.expand(len(starts), width), starts, width)
+    return slots, mask, (slots[None, :] - starts[:, None]).clamp(min=0)
+
+
 def on_device(values, device: torch.device) -> torch.Tensor:
     """`values` (a list of ints or a CPU tensor) on `device` without waiting for it. A blocking host-to-device copy
     (`.to(device)`, `torch.tensor(..., device=...)`, and `x[rows] = 0`, which copies the 0) waits for the stream's

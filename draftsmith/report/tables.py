@@ -93,21 +93,21 @@ def load_findings(batch: pd.DataFrame) -> list[str]:
         g = g.sort_values("batch_size")
         if len(g) < 2:
             continue
-        unit = "concurrency"
         sizes, speedups = [int(s) for s in g["batch_size"]], list(g["speedup"])
         at = {s: x for s, x in zip(sizes, speedups)}
         pays = g["pays_up_to"].iloc[0]
         pays = None if pays is None or pd.isna(pays) else int(pays)
         where = f"`{variant}` ({g['backend'].iloc[0]} backend) under load: the trained draft"
         if pays is None:
-            text = (f"{where} does not beat target-only greedy even at {unit} {sizes[0]} ({fmt(speedups[0], 2)}×); "
+            text = (f"{where} does not beat target-only greedy even at concurrency {sizes[0]} "
+                    f"({fmt(speedups[0], 2)}×); "
                     + ", ".join(f"at {s} it is {fmt(x, 2)}×" for s, x in zip(sizes[1:], speedups[1:])))
         elif pays == sizes[-1]:
-            text = (f"{where} beats target-only greedy at every measured {unit}, up to {pays} "
+            text = (f"{where} beats target-only greedy at every measured concurrency, up to {pays} "
                     f"({fmt(at[sizes[0]], 2)}× at {sizes[0]}, {fmt(at[pays], 2)}× at {pays})")
         else:
             after = sizes[sizes.index(pays) + 1]
-            text = (f"{where} beats target-only greedy up to {unit} {pays} ({fmt(at[sizes[0]], 2)}× at {sizes[0]}"
+            text = (f"{where} beats target-only greedy up to concurrency {pays} ({fmt(at[sizes[0]], 2)}× at {sizes[0]}"
                     + (f", {fmt(at[pays], 2)}× at {pays}" if pays != sizes[0] else "")
                     + f"); at {after} it is {fmt(at[after], 2)}×")
             later = [s for s in sizes if s > after and pd.notna(at[s]) and at[s] > 1]
