@@ -64,7 +64,7 @@ def test_greedy_under_load_gives_every_request_its_batch_one_output(tiny, concur
 
 
 @pytest.mark.parametrize("k", [1, 3])
-@pytest.mark.parametrize("concurrency", [2, 3, 5])
+@pytest.mark.parametrize("concurrency", [1, 2, 3, 5])
 @pytest.mark.parametrize("method", ["prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"])
 def test_speculative_decoding_under_load_equals_batch_one(tiny, method, concurrency, k):
     prompts, stop = batch_of(tiny, 5)

@@ -16,6 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
+from draftsmith.benchmark.batch_spec import BatchTarget, NoDrafts, serve
 from draftsmith.benchmark.proposers import (
     ContextNgrams,
     Eagle3Proposer,
@@ -71,7 +73,7 @@ def tiny(tmp_path_factory):
                for p in load_prompts(root / "heldout.jsonl", 5)]
     model = AutoModelForCausalLM.from_pretrained(target_dir, attn_implementation="sdpa").eval()
     target = TargetModel(model, AUX)
-    assert target.static  # full-attention SDPA: the static KV cache (the path CUDA graphs capture) is tested here
+    assert target.static  # full-attention SDPA: the engine (static KV cache, the path CUDA graphs capture) can take it
     untrained = build_draft(TargetSpec(str(target_dir)), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=0).eval()
     trained = build_draft(TargetSpec(str(target_dir)), torch.from_numpy(d2t), torch.from_numpy(t2d), 1, AUX, seed=1)
     train_step0(trained, target, sequences[:48], steps=80)
@@ -91,7 +93,7 @@ def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: i
     data = []
     for ids in sequences:
         with torch.inference_mode():
-            logits, aux = target.start(ids, capacity=len(ids), with_aux=True, keep=len(ids))
+            logits, aux = target.start(ids, with_aux=True, keep=len(ids))
         labels = logits.argmax(-1)[1:]
         labels = torch.where(draft.t2d[labels], draft_index[labels], -100)
         data.append((torch.tensor([ids[1:]]), aux[:, :-1].clone(), labels.clone()))
@@ -100,7 +102,7 @@ def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: i
     draft.train()
     for step in range(steps):
         tokens, aux, labels = data[step % len(data)]
-        hidden = draft_layers_forward(draft, tokens, draft.fc(aux), first_slot=None, cache=None)
+        hidden = draft_layers_forward(draft, tokens, draft.fc(aux))
         loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(hidden))[0], labels, ignore_index=-100)
         opt.zero_grad()
         loss.backward()
@@ -151,10 +153,10 @@ def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_
     alone = Eagle3Proposer(tiny["trained"])
     prompt = tiny["prompts"][0]
     with torch.inference_mode():
-        logits, aux = target.start(prompt, capacity=len(prompt) + 8, with_aux=True)
+        logits, aux = target.start(prompt, with_aux=True)
         first = logits[-1].argmax().view(1)
         for proposer in (hybrid, alone):
-            proposer.start(torch.cat([torch.tensor(prompt[1:]), first]), aux, capacity=len(prompt) + 8)
+            proposer.start(torch.cat([torch.tensor(prompt[1:]), first]), aux)
         repeat = prompt + prompt[:2]  # its last 2 tokens recur at the prompt's start
         assert hybrid.propose(repeat, 3).tolist() == prompt[2:5]
         alone.propose(repeat, 3)  # the prompt's round, whose drafts the hybrid replaced
@@ -202,7 +204,7 @@ def test_draft_chain_matches_speculators_training_forward(tiny):
     proposer = Eagle3Proposer(draft)
     for t in [0, 1, 7, 64, 127]:
         with torch.inference_mode():
-            proposer.start(input_ids[0, : t + 1], aux[:, : t + 1], capacity=t + 4)
+            proposer.start(input_ids[0, : t + 1], aux[:, : t + 1])
             chain = proposer.propose([], 3).tolist()
         expected = [int(r[0, t] + d2t[r[0, t]]) for r in reference]
         assert chain == expected, f"position {t}"
@@ -232,55 +234,20 @@ def test_speculative_decoding_is_lossless(tiny, method, k):
         _check_trace(trace, greedy, k)
 
 
-def test_a_target_without_full_attention_sdpa_decodes_through_transformers_cache_alike(tiny):
-    """A target whose masks draftsmith cannot build (here: eager attention) decodes with transformers' DynamicCache
-    instead of the static cache; both paths give the same tokens and the same acceptance."""
+def test_a_target_without_full_attention_sdpa_decodes_in_the_reference_loops_alike(tiny):
+    """A target whose masks draftsmith cannot build (here: eager attention) is not the engine's: the reference loops
+    decode it (the benchmark's batch 1 for such a target) with the same tokens and the same acceptance."""
     eager = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="eager").eval()
     dynamic = TargetModel(eager, AUX)
     assert not dynamic.static and tiny["target"].static
     stop = tiny["stop"]
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert greedy_decode(dynamic, ids, MAX_NEW, stop).tokens == greedy.tokens
-        static = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        sdpa = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
         other = speculative_decode(dynamic, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
-        assert other.tokens == greedy.tokens and other.accepted == static.accepted
-    with pytest.raises(ValueError, match="CUDA graphs need"):
-        TargetModel(tiny["target"].model, AUX, cuda_graphs=True)  # on the CPU
-
-
-def test_steps_that_read_part_of_the_cache_decode_as_transformers_own_cache_does(tiny):
-    """A static-cache step attends to the cache's first slots only, as many as its sequence needs in multiples of
-    SPAN_GRANULE: decodes that cross from one span to the next (and a prompt that starts in the third) give the tokens
-    and the accepted drafts that transformers' DynamicCache gives over the whole sequence."""
-    eager = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="eager").eval()
-    dynamic, static, stop = TargetModel(eager, AUX), TargetModel(tiny["target"].model, AUX), tiny["stop"]
-    long = sum(tiny["prompts"], [])
-    spans_seen = set()
-    for length in (SPAN_GRANULE - 10, 2 * SPAN_GRANULE + 5):
-        ids = (long * 10)[:length]
-        greedy = greedy_decode(static, ids, MAX_NEW, stop)
-        spans_seen.add(static.cache.span)
-        assert greedy.tokens == greedy_decode(dynamic, ids, MAX_NEW, stop).tokens
-        a = speculative_decode(static, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
-        b = speculative_decode(dynamic, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
-        assert (a.tokens, a.accepted) == (b.tokens, b.accepted) and a.tokens == greedy.tokens
-        assert len(greedy.tokens) == MAX_NEW  # the first decode crossed into the second span
-    assert spans_seen == {2 * SPAN_GRANULE, 3 * SPAN_GRANULE} and static.cache.max_length > 3 * SPAN_GRANULE
-
-
-def test_one_runner_decodes_prompts_longer_than_its_cache_so_far(tiny):
-    """The static caches grow (and drop their captured steps) when a longer sequence comes: the same runner and
-    proposer then decode a short prompt, a long one and the short one again exactly as fresh ones do."""
-    target, stop = TargetModel(tiny["target"].model, AUX), tiny["stop"]  # fresh: the fixture's cache grew in training
-    short = tiny["prompts"][0]
-    long = (short * 400)[:300]
-    proposer = Eagle3Proposer(tiny["trained"])
-    first = speculative_decode(target, proposer, short, 3, MAX_NEW, stop)
-    sizes = (target.cache.max_length, proposer.cache.max_length)
-    traces = [speculative_decode(target, proposer, ids, 3, MAX_NEW, stop) for ids in (long, short)]
-    assert target.cache.max_length > sizes[0] >= len(short) + MAX_NEW and proposer.cache.max_length > sizes[1]
-    assert traces[0].tokens == greedy_decode(TargetModel(target.model, AUX), long, MAX_NEW, stop).tokens
-    assert traces[1].tokens == first.tokens and traces[1].accepted == first.accepted
+        assert other.tokens == greedy.tokens and other.accepted == sdpa.accepted
+    with pytest.raises(ValueError, match="the engine needs a full-attention SDPA target"):
+        BatchTarget(dynamic)
 
 
 class EagerStepRecorder(StepGraphs):
@@ -299,99 +266,117 @@ class EagerStepRecorder(StepGraphs):
         return fn(*static)
 
 
+def engine(tiny, recorded: bool = False):
+    """The engine's target and the trained draft's proposer; `recorded`: their steps through EagerStepRecorder."""
+    target, proposer = BatchTarget(tiny["target"]), BatchEagle3Proposer(tiny["trained"])
+    if recorded:
+        target.buffers.graphs, proposer.buffers.graphs = EagerStepRecorder(), EagerStepRecorder()
+    return target, proposer
+
+
+def one(target, proposer, ids, stop, k=3):
+    """One request through the engine: the benchmark's batch 1."""
+    return serve(target, proposer, [ids], 1, k, MAX_NEW, stop)[0]
+
+
+def test_steps_that_read_part_of_the_cache_decode_as_the_reference_does(tiny):
+    """An engine step attends to the cache's first slots only, as many as its furthest row needs in multiples of
+    SPAN_GRANULE: decodes that cross from one span to the next (and a prompt that starts in the third) give the tokens
+    and the accepted drafts of the reference loops over transformers' DynamicCache."""
+    target, proposer = engine(tiny, recorded=True)
+    target.reserve(1, 1024)  # as the benchmark does: no cache grows (which would drop the recorded steps)
+    proposer.reserve(1, 1024)
+    stop, long = tiny["stop"], sum(tiny["prompts"], [])
+    for length in (SPAN_GRANULE - 10, 2 * SPAN_GRANULE + 5):
+        ids = (long * 10)[:length]
+        greedy = one(target, NoDrafts(target.device), ids, stop)
+        assert greedy.tokens == greedy_decode(tiny["target"], ids, MAX_NEW, stop).tokens
+        a = one(target, proposer, ids, stop)
+        b = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        assert (a.tokens, a.accepted) == (b.tokens, b.accepted) and a.tokens == greedy.tokens
+        assert len(greedy.tokens) == MAX_NEW  # the first decode crossed into the second span
+    spans = {key[-1] for key in target.buffers.graphs.steps if key[0] != "prefill"}
+    assert spans == {SPAN_GRANULE, 2 * SPAN_GRANULE, 3 * SPAN_GRANULE}
+    assert target.rows.cache.length > 3 * SPAN_GRANULE
+
+
+def test_one_engine_decodes_prompts_longer_than_its_cache_so_far(tiny):
+    """The engine's caches grow (and drop their captured steps) when a longer sequence comes: the same target and
+    proposer then decode a short prompt, a long one and the short one again exactly as fresh ones do."""
+    target, proposer = engine(tiny)
+    stop, short = tiny["stop"], tiny["prompts"][0]
+    long = (short * 400)[:300]
+    first = one(target, proposer, short, stop)
+    sizes = (target.rows.cache.length, proposer.rows.cache.length)
+    traces = [one(target, proposer, ids, stop) for ids in (long, short)]
+    assert target.rows.cache.length > sizes[0] >= len(short) + MAX_NEW and proposer.rows.cache.length > sizes[1]
+    assert traces[0].tokens == greedy_decode(tiny["target"], long, MAX_NEW, stop).tokens
+    assert traces[1].tokens == first.tokens and traces[1].accepted == first.accepted
+
+
 def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
-    """capture_steps / capture_rounds request every step shape that decoding with k drafts takes: prompts padded to
-    a few buckets (one shape per prompt length would put captures inside timed decodes), the steps after them and
-    the draft rounds; the padded prompts give the same tokens."""
-    target = TargetModel(tiny["target"].model, AUX)
-    proposer = Eagle3Proposer(tiny["trained"])
-    target.graphs, proposer.graphs = EagerStepRecorder(), EagerStepRecorder()
+    """BatchTarget.capture / BatchEagle3Proposer.capture request every step shape that decoding one request with k
+    drafts takes (the benchmark's batch 1): prompts padded to a few buckets (one shape per prompt length would put
+    captures inside timed decodes), the steps at every span and the draft rounds; every method then decodes each
+    prompt as the reference loops do, its prompt padded, capturing nothing more."""
+    target, proposer = engine(tiny, recorded=True)
     longest = max(len(ids) for ids in tiny["prompts"])
-    target.reserve(1024)
-    proposer.reserve(1024)
-    # in the benchmark's order: a warm-up decode (inference mode) captures some steps, then the capture calls
-    speculative_decode(target, proposer, tiny["prompts"][0], 3, MAX_NEW, tiny["stop"])
-    target.capture_steps(longest, 3)
-    proposer.capture_rounds(3, longest)
-    captured = (set(target.graphs.steps), set(proposer.graphs.steps))
+    target.reserve(1, 1024)
+    proposer.reserve(1, 1024)
+    target.capture(1, 3, longest)
+    proposer.capture(1, 3)
+    captured = (set(target.buffers.graphs.steps), set(proposer.buffers.graphs.steps))
     buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
     spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
-    assert captured == ({(q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
-                        | {("prompt", b, aux) for b in buckets for aux in (False, True)},
-                        {(n, chain) for n in range(1, 5) for chain in (3, 0)} | {("prompt", b, 3) for b in buckets})
+    assert captured == ({(1, q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
+                        | {("prefill", 1, b, aux) for b in buckets for aux in (False, True)},
+                        {(1, n, 3) for n in (1, 4)})
     stop = tiny["stop"]
+    lookup = BatchPromptLookupProposer(3, target.device)
+    hybrid = BatchHybridProposer(lookup, proposer, min_ngram=2)
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
-        padded = speculative_decode(target, proposer, ids, 3, MAX_NEW, stop)
-        eager = speculative_decode(TargetModel(target.model, AUX), Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
-        assert padded.tokens == greedy.tokens and padded.accepted == eager.accepted  # the same drafts, too
-        assert 0 < padded.first_token_seconds < padded.seconds and 0 < greedy.first_token_seconds < greedy.seconds
-        assert speculative_decode(target, PromptLookupProposer(3, target.device), ids, 3, MAX_NEW, stop).tokens == greedy.tokens
-        assert greedy_decode(target, ids, MAX_NEW, stop).tokens == greedy.tokens
-        hybrid = HybridProposer(PromptLookupProposer(3, target.device), proposer, min_ngram=2)  # chains of 0 too
-        assert speculative_decode(target, hybrid, ids, 3, MAX_NEW, stop).tokens == greedy.tokens
-    assert (set(target.graphs.steps), set(proposer.graphs.steps)) == captured
-
-
-@torch.inference_mode()
-def test_a_padded_prompt_round_drafts_what_the_unpadded_one_does(tiny):
-    """The draft's prompt round, padded to its bucket (as captured), proposes the same k tokens as the eager round
-    on the prompt alone: its chain starts from the last real position, not the padding."""
-    target = TargetModel(tiny["target"].model, AUX)
-    for ids in tiny["prompts"]:
-        assert prompt_bucket(len(ids)) > len(ids)  # padding to test
-        logits, aux = target.start(ids, capacity=len(ids) + 8, with_aux=True)
-        next_tokens = torch.cat([torch.tensor(ids[1:]), logits[-1].argmax().view(1)])
-        drafts = []
-        for graphs in (None, EagerStepRecorder()):
-            proposer = Eagle3Proposer(tiny["trained"])
-            proposer.graphs = graphs or proposer.graphs
-            proposer.start(next_tokens, aux, capacity=256)
-            drafts.append(proposer.propose([], 3))
-        assert set(proposer.graphs.steps) == {("prompt", prompt_bucket(len(ids)), 3)}
-        assert torch.equal(drafts[0], drafts[1]), (len(ids), drafts)
+        padded = one(target, proposer, ids, stop)
+        reference = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        assert padded.tokens == greedy.tokens and padded.accepted == reference.accepted  # the same drafts, too
+        assert 0 < padded.ttft_seconds < padded.seconds and 0 < padded.tpot_seconds
+        assert one(target, lookup, ids, stop).tokens == greedy.tokens
+        assert one(target, NoDrafts(target.device), ids, stop).tokens == greedy.tokens
+        assert one(target, hybrid, ids, stop).tokens == greedy.tokens
+    assert (set(target.buffers.graphs.steps), set(proposer.buffers.graphs.steps)) == captured
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
-    """On a GPU, in float32: every method with its steps replayed as CUDA graphs gives the same tokens and the
-    same accepted drafts as the same loops run eagerly, with each step's kernels tuned (`tune_kernels`) or not."""
+    """On a GPU, in float32: every method with its steps replayed as CUDA graphs (each step's kernels tuned) gives
+    the same tokens and the same accepted drafts as the same engine run eagerly, at batch 1 and with 3 in flight;
+    captured up front (as the benchmark's warm-up does), one request at a time captures nothing more."""
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
-    eager, graphed = TargetModel(model, AUX), TargetModel(model, AUX, cuda_graphs=True, tune_kernels=True)
-    drafts = {name: tiny[name].to("cuda") for name in ("untrained", "trained")}
-    stop = tiny["stop"]
-    for ids in tiny["prompts"]:
-        assert greedy_decode(graphed, ids, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
-        for draft in drafts.values():
-            a = speculative_decode(eager, Eagle3Proposer(draft), ids, 3, MAX_NEW, stop)
-            b = speculative_decode(graphed, Eagle3Proposer(draft, cuda_graphs=True, tune_kernels=True), ids, 3, MAX_NEW,
-                                   stop)
-            assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
-        a = speculative_decode(eager, PromptLookupProposer(3, eager.device), ids, 3, MAX_NEW, stop)
-        b = speculative_decode(graphed, PromptLookupProposer(3, graphed.device), ids, 3, MAX_NEW, stop)
-        assert (b.tokens, b.accepted) == (a.tokens, a.accepted)
-    assert len(graphed.graphs.steps) >= 2  # the one-token step and at least one verification width
-    # prompts are captured untuned; the spans of one width share the setting tuned on the first of them
-    tuned = {key[:3] for key in graphed.graphs.steps if key[0] != "prompt"}
-    assert set(graphed.graphs.choices) == tuned and all(n in [s[0] for s in KERNEL_SETTINGS]
-                                                        for n in graphed.graphs.choices.values())
-    # captured up front (as the benchmark's warm-up does), decoding captures nothing more inside the timed loops
-    fresh, proposer = TargetModel(model, AUX, cuda_graphs=True), Eagle3Proposer(drafts["trained"], cuda_graphs=True)
-    fresh.reserve(1024)
-    longest = max(len(ids) for ids in tiny["prompts"])
-    fresh.capture_steps(longest, 3)
-    proposer.reserve(1024)
-    proposer.capture_rounds(3, longest)
-    captured = (set(fresh.graphs.steps), set(proposer.graphs.steps))
-    assert {key for key in captured[0] if key[0] != "prompt"} == {(q, q, aux, span) for q in range(1, 5) for aux in (False, True)
-                                                                  for span in range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)}
-    assert {key for key in captured[1] if key[0] != "prompt"} == {(n, 3) for n in range(1, 5)}
-    for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
-        assert speculative_decode(fresh, proposer, ids, 3, MAX_NEW, stop).tokens == greedy_decode(eager, ids, MAX_NEW, stop).tokens
-        speculative_decode(fresh, PromptLookupProposer(3, fresh.device), ids, 3, MAX_NEW, stop)
-        greedy_decode(fresh, ids, MAX_NEW, stop)
-    assert (set(fresh.graphs.steps), set(proposer.graphs.steps)) == captured
-    for name in drafts:
+    runner = TargetModel(model, AUX)
+    eager, graphed = BatchTarget(runner), BatchTarget(runner, cuda_graphs=True, tune_kernels=True)
+    drafts = [tiny[name].to("cuda") for name in ("untrained", "trained")]
+    stop, prompts = tiny["stop"], tiny["prompts"]
+    longest = max(len(ids) for ids in prompts)
+    for concurrency in (1, 3):
+        graphed.reserve(concurrency, 1024)
+        graphed.capture(concurrency, 3, longest)
+        methods = [(NoDrafts(eager.device), NoDrafts(graphed.device)),
+                   (BatchPromptLookupProposer(3, eager.device), BatchPromptLookupProposer(3, graphed.device))]
+        for draft in drafts:
+            tuned = BatchEagle3Proposer(draft, cuda_graphs=True, tune_kernels=True)
+            tuned.reserve(concurrency, 1024)
+            tuned.capture(concurrency, 3)
+            methods.append((BatchEagle3Proposer(draft), tuned))
+        captured = set(graphed.buffers.graphs.steps)
+        for plain, replayed in methods:
+            a = serve(eager, plain, prompts, concurrency, 3, MAX_NEW, stop)
+            b = serve(graphed, replayed, prompts, concurrency, 3, MAX_NEW, stop)
+            assert [(t.tokens, t.accepted) for t in b] == [(t.tokens, t.accepted) for t in a]
+        if concurrency == 1:  # refills of one row: every prefill shape was captured
+            assert set(graphed.buffers.graphs.steps) == captured
+    # the spans of one shape share the setting tuned on the first of them; prefills are captured untuned
+    assert set(graphed.buffers.graphs.choices) == {key[:4] for key in graphed.buffers.graphs.steps if key[0] != "prefill"}
+    for name in ("untrained", "trained"):
         tiny[name].to("cpu")
 
 
@@ -402,7 +387,7 @@ def test_kernel_tuning_times_each_setting_the_device_runs_and_restores_the_defau
     own choices are back in force afterwards. The chosen setting's step gives the same logits as an untuned one."""
     target = TargetModel(tiny["target"].model, AUX)
     ids = tiny["prompts"][0]
-    target.start(ids, capacity=len(ids) + 8, with_aux=True)
+    target.start(ids, with_aux=True)
     cached, verify = target.length, torch.tensor([ids[-4:]])
 
     def step():
@@ -465,7 +450,7 @@ def test_fewer_draft_kernels_compute_what_the_draft_s_own_modules_do(tiny):
             draft = copy.deepcopy(own)
             proposer = Eagle3Proposer(draft, fewer_kernels=not keep_own)
             assert isinstance(draft.rotary_emb, RotaryTable) != keep_own
-            proposer.start(tokens, aux, capacity=len(ids) + 8)
+            proposer.start(tokens, aux)
             first = proposer.propose([], 3)
             proposer.accept(first[:2].view(1, -1), aux[:, -2:])
             rounds.append(torch.cat([first, proposer.propose([], 3)]))

@@ -1,15 +1,18 @@
-"""Decoding under load for the offline benchmark: N requests in flight, each row taking the next prompt as soon as its
-answer ends (refill), target-only greedy and speculative decoding alike.
+"""The offline benchmark's decoding engine: N requests in flight (N = 1 at batch 1), each row taking the next prompt as
+soon as its answer ends (refill), target-only greedy and speculative decoding alike.
 
-The batch-1 loops (draftsmith.benchmark.spec_decode) decode one prompt at a time; `serve` decodes N rows over one
-static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per request), with the same stopping rule
-and the same `Trace` per prompt, so a row's output is comparable token for token with its batch-1 output.
+`serve` decodes N rows over one static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per
+request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.benchmark.spec_decode), so a
+row's output is comparable token for token with the reference's.
 
 Layout: a request's prompt is left-padded into its row (`starts`: the slot where it begins) to the width of the
 prompts admitted with it (a prefill of those rows alone, while the other rows keep their state). Each row has its own
 write slot (`lengths`), its own position ids (slot - start) and its own mask (`row_mask`: its slots from its start up
 to the query's own), so a refilled row attends to nothing of its previous request: those entries lie past its write
-slot (overwritten before any query reaches them) or before its start.
+slot (overwritten before any query reaches them) or before its start. A target step reads the cache's first `span`
+slots only (`attention_span`: the furthest row's need, rounded up to SPAN_GRANULE): SDPA with a mask reads every slot
+it is given, and on one H100 SmolLM2's 4-token verification over 768 slots cost 0.53 ms more than a one-token step,
+0.31 ms more over 256 (docs/BENCHMARKS.md).
 
 Round (temperature 0): the proposer drafts per row (EAGLE-3: one draft forward over all rows per chain step; prompt
 lookup: an n-gram lookup per row, the drafts padded to the longest row's count; none: target-only greedy, one token a
@@ -19,10 +22,10 @@ slot by that count. A row's rejected slots are not cleared: the row's next round
 query of the row attends to them. Drafts padded beyond a row's own proposal are never accepted. A row with no
 request (its answer ended, no prompt left) stays in the forward, adds nothing and its write slot stays.
 
-The target's attention is the batched decoder's `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated).
+The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated).
 
 CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), so a round's
-step of a shape (rows, tokens) is captured once (`capture`, before the timed runs) and replayed. A step reads the
+step of a shape (rows, tokens, span) is captured once (`capture`, before the timed runs) and replayed. A step reads the
 rows' slots from device buffers and writes nothing but the KV cache at them, so it can be replayed (and its capture's
 warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its own copy of
 them. A prefill is padded to its width's bucket and replayed per (rows, width); on a CPU everything runs eagerly, where
@@ -49,9 +52,10 @@ from draftsmith.decoding.batch_kv import (
     left_padded,
     on_device,
     prefill_layout,
+    right_padded,
     row_mask,
 )
-from draftsmith.decoding.static_cache import StepGraphs, prompt_bucket
+from draftsmith.decoding.static_cache import SPAN_GRANULE, StepGraphs, attention_span, prompt_bucket, prompt_buckets
 
 CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
 PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape
@@ -128,16 +132,18 @@ class RowBufferSet:
 
 
 class BatchTarget:
-    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`."""
+    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`; with
+    `tune_kernels` each step shape is captured under every kernel setting and replayed with the fastest (`StepGraphs`;
+    the spans of one shape share the setting tuned on the first)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
 
-    def __init__(self, target: TargetModel, cuda_graphs: bool = False):
+    def __init__(self, target: TargetModel, cuda_graphs: bool = False, tune_kernels: bool = False):
         if not target.static:
-            raise ValueError("batched decoding needs a full-attention SDPA target (its masks are built here)")
+            raise ValueError("the engine needs a full-attention SDPA target (its masks are built here)")
         self.target = target
         self.device = target.device
-        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=target.graphs.tune)
+        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=tune_kernels)
         self._attention = attention_configs(target.model)
 
     def reserve(self, rows: int, length: int) -> None:
@@ -152,76 +158,99 @@ class BatchTarget:
 
     def prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool = False):
         """New requests in `rows` (the others keep theirs): the prompts, left-padded to the longest, run over those rows
-        alone, each attending to itself. With CUDA graphs the width is the longest's bucket (`prompt_bucket`), and a
-        prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (rows, width): a refill of one row costs one
-        launch rather than the model's hundreds. Returns the padded prompts [R, W], their starts [R], the last
-        position's logits [R, V] and, with `with_aux`, the auxiliary states [R, W, 3H] (a replay's outputs: use them
-        before the next step)."""
+        alone, each attending to itself; a request alone (batch 1, or a refill of one row) is padded on the right
+        instead, so that its sequence starts at slot 0 and no step's span reads its padding (the padding's slots lie
+        past its write slot, overwritten before any query reaches them). With CUDA graphs the width is the longest's
+        bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (rows,
+        width): a refill of one row costs one launch rather than the model's hundreds. Returns the prompts [R, W] as
+        the rows hold them, their starts [R], the last prompt position's logits [R, V] and, with `with_aux`, the
+        auxiliary states [R, W, 3H] (a replay's outputs: use them before the next step)."""
         graphs = self.buffers.graphs
         width = prompt_bucket(max(len(p) for p in prompts)) if graphs.enabled else None
-        ids, starts = left_padded(prompts, self.device, width)
+        if len(prompts) == 1:
+            ids, starts = right_padded(prompts[0], self.device, width)
+            last = len(prompts[0]) - 1
+        else:
+            ids, starts = left_padded(prompts, self.device, width)
+            last = ids.shape[1] - 1
         width = ids.shape[1]
         self.rows.check_width(width, "target's")
         index = on_device(rows, self.device)
         step = functools.partial(self._prefill_step, with_aux=with_aux)
+        kept = on_device([last], self.device)
         if width <= PREFILL_GRAPH_WIDTH:
-            logits, aux = graphs.run(("prefill", len(rows), width, with_aux), step, ids, starts, index, tune=False)
+            logits, aux = graphs.run(("prefill", len(rows), width, with_aux), step, ids, starts, index, kept, tune=False)
         else:
-            logits, aux = step(ids, starts, index)
-        self.rows.admit(rows, starts, width)
-        return ids, starts, logits[:, -1], aux
+            logits, aux = step(ids, starts, index, kept)
+        self.rows.admit(rows, starts, last + 1)
+        return ids[:, : last + 1], starts, logits[:, -1], aux[:, : last + 1] if aux is not None else None
 
-    def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, with_aux: bool):
-        """The prompts `ids` (starting at `starts`) into cache rows `index`, on the device alone (what a graph
-        captures)."""
+    def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, kept: torch.Tensor,
+                      with_aux: bool):
+        """The prompts `ids` (starting at `starts`) into cache rows `index`, keeping the logits at position `kept`
+        [1], on the device alone (what a graph captures)."""
         slots, mask, positions = prefill_layout(starts, ids.shape[1])
         cache = self.rows.cache
         cache.prefill_rows = index
         try:
             with grouped_attention(self._attention):
-                return self.target.call(1, with_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
+                return self.target.call(kept, with_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
                                         cache_position=slots, past_key_values=cache)
         finally:
             cache.prefill_rows = None
 
     def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
-        row by what it keeps: `advance`). Returns the last `keep` (default q) positions' logits [B, keep, V] and, with
-        `with_aux`, the auxiliary states [B, q, 3H]; a replayed step's outputs are overwritten by its next replay."""
+        row by what it keeps: `advance`), attending to the cache's first `span` slots. Returns the last `keep`
+        (default q) positions' logits [B, keep, V] and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed
+        step's outputs are overwritten by its next replay."""
         rows, q = input_ids.shape
         self.rows.check(q, "target's")
-        step = functools.partial(self._step, keep=keep or q, with_aux=with_aux)
+        span = attention_span(max(self.rows.host_lengths) + q, self.rows.cache.length)
+        keep = keep or q
+        step = functools.partial(self._step, keep=keep, with_aux=with_aux, span=span)
         if q > self.MAX_GRAPH_WIDTH:
             return step(input_ids)
-        return self.buffers.graphs.run((rows, q, keep or q, with_aux), step, input_ids)
+        return self.buffers.graphs.run((rows, q, keep, with_aux, span), step, input_ids, family=(rows, q, keep, with_aux))
 
     def advance(self, counts: list[int]) -> torch.Tensor:
         """Each row's write slot `counts[row]` on (what it kept of the last forward); returns them on the device."""
         return self.rows.advance(counts)
 
-    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
         rows = self.rows
         slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
-        rows.cache.write_slots = slots
+        rows.cache.write_slots, rows.cache.span = slots, span
         try:
             with grouped_attention(self._attention):  # the regenerate decoder's attention: KV heads not repeated
                 return self.target.call(keep, with_aux, input_ids=input_ids,
-                                        attention_mask=row_mask(slots, rows.starts, rows.cache.length),
+                                        attention_mask=row_mask(slots, rows.starts, span),
                                         position_ids=(slots - rows.starts[:, None]).clamp(min=0),
                                         cache_position=slots[0], past_key_values=rows.cache)
         finally:
-            rows.cache.write_slots = None
+            rows.cache.write_slots, rows.cache.span = None, rows.cache.length
 
     @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
-    def capture(self, rows: int, k: int) -> None:
-        """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens; with and without
-        the auxiliary states), so that none is captured inside a timed decode. Reserve the buffers first."""
+    def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
+        """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens at every span; with
+        and without the auxiliary states) and, given the longest prompt, one row's prefill at every bucket up to its
+        (a refill's, or each prompt's at batch 1), so that none is captured inside a timed decode. Reserve the buffers
+        first."""
         if not self.buffers.graphs.enabled:
             return
+        aux = {False, bool(self.target.aux_layer_ids)}
+        everyone, length = list(range(rows)), self.rows.cache.length
+        for span in range(SPAN_GRANULE, length + SPAN_GRANULE, SPAN_GRANULE):
+            for q in range(1, k + 2):
+                self.rows.admit(everyone, torch.zeros(rows, dtype=torch.long, device=self.device),
+                                min(span, length) - q)  # the furthest row's need: the span's last q slots
+                for with_aux in aux:
+                    self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
+        for bucket in prompt_buckets(longest_prompt) if longest_prompt else []:
+            for with_aux in aux:
+                if bucket <= min(PREFILL_GRAPH_WIDTH, length):
+                    self.prefill([0], [[0] * bucket], with_aux=with_aux)
         self.rows.clear()
-        for q in range(1, k + 2):
-            for with_aux in {False, bool(self.target.aux_layer_ids)}:
-                self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
 
 
 class NoDrafts:
@@ -280,7 +309,7 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
             now = time.perf_counter()
             for row, i, token in zip(used, take, first.tolist()):
                 admitted[i] = at
-                traces[i] = Trace(tokens=[token], target_forwards=1, ttft_seconds=now - at)
+                traces[i] = Trace(tokens=[token], target_forwards=1, first_token_seconds=now - at, ttft_seconds=now - at)
                 owner[row], contexts[row] = i, list(prompts[i]) + [token]
                 if answer_done(traces[i].tokens, traces[i].tokens, max_new_tokens, stop_ids):
                     finished[i], owner[row] = now, -1

@@ -1,7 +1,8 @@
 """The offline benchmark's methods: per drafting method, how its proposer is built (`PROPOSERS`: a new method is its
 proposer class and one entry here, plus its name in draftsmith.benchmark.results.METHODS, the tables' order), and
-per method a function that decodes a prompt (batch 1: draftsmith.benchmark.spec_decode) or a batch of prompts
-(draftsmith.benchmark.batch_spec) with it. The baseline, target-only greedy, has no proposer."""
+per method a function that decodes prompts with it: the engine's (draftsmith.benchmark.batch_spec.serve, N requests
+in flight; `one_at_a_time` for batch 1) or the eager reference's (draftsmith.benchmark.spec_decode, one prompt). The
+baseline, target-only greedy, has no proposer."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from draftsmith.benchmark.spec_decode import greedy_decode, speculative_decode
 @dataclass(frozen=True)
 class ProposerSettings:
     """What the proposers are built from: the EAGLE-3 draft models by method (eagle3_draft: the trained one), the
-    benchmark's settings, and whether they decode batches (`batched`) with CUDA graphs (tuned: `tune_kernels`)."""
+    benchmark's settings, and whether they are the engine's (`batched`: rows in flight, with CUDA graphs, tuned with
+    `tune_kernels`) or the eager reference's."""
 
     device: object
     ngram: int
@@ -36,8 +38,9 @@ def _eagle3(method: str):
     def build(s: ProposerSettings, built: dict):
         if method not in s.drafts:
             raise ValueError(f"benchmark method {method} needs its draft model, which was not loaded")
-        eagle3 = BatchEagle3Proposer if s.batched else Eagle3Proposer
-        return eagle3(s.drafts[method], cuda_graphs=s.cuda_graphs, tune_kernels=s.tune_kernels)
+        if not s.batched:
+            return Eagle3Proposer(s.drafts[method])
+        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs, tune_kernels=s.tune_kernels)
 
     return build
 
@@ -81,10 +84,10 @@ def method_proposers(methods: list[str], settings: ProposerSettings) -> dict:
 
 def method_decoders(methods: list[str], target, proposers: dict, k: int, max_new_tokens: int, stop_ids: set[int],
                     concurrency: int | None = None) -> dict:
-    """Per method, a function of one prompt's token ids (with `concurrency`: of a list of prompts) that decodes it on
-    `target` (a TargetModel; with `concurrency`: a BatchTarget, that many requests in flight) and returns its trace
-    (with `concurrency`: one per prompt): target-only greedy for the baseline, speculative decoding with k drafted
-    tokens a round and the method's proposer for the others."""
+    """Per method, a function of a list of prompts' token ids (without `concurrency`: of one prompt's) that decodes
+    them on `target` (a BatchTarget, that many requests in flight; without: a TargetModel, the eager reference) and
+    returns one trace per prompt (without: its trace): target-only greedy for the baseline, speculative decoding with
+    k drafted tokens a round and the method's proposer for the others."""
     if concurrency is not None:
         def served(proposer):
             return lambda prompts: serve(target, proposer, prompts, concurrency, k, max_new_tokens, stop_ids)
@@ -97,3 +100,8 @@ def method_decoders(methods: list[str], target, proposers: dict, k: int, max_new
         return lambda ids: speculative_decode(target, proposers[method], ids, k, max_new_tokens, stop_ids)
 
     return {m: decoder(m) for m in methods}
+
+
+def one_at_a_time(decoders: dict) -> dict:
+    """The engine's decoders (of lists of prompts) as decoders of one prompt: batch 1."""
+    return {method: (lambda ids, decode=decode: decode([ids])[0]) for method, decode in decoders.items()}

@@ -8,21 +8,23 @@ target's greedy output; the summary records that per method as `lossless`. A pro
 `follow_up` (MT-Bench's second turn) is followed by that turn, asked after the target's own greedy
 answer to the first; its rows carry the prompt id with `_turn2` appended.
 
-Timing: after an untimed warm-up (every method once on the first prompt, then, on a CUDA device, the capture of
-every step shape), each prompt is decoded `benchmark.repeats` times by every method, the methods interleaved: run r
+Every method decodes through the engine (draftsmith.benchmark.batch_spec.serve; its proposers and decoders:
+draftsmith.benchmark.methods), at batch 1 as under load; a target whose masks draftsmith cannot build (sliding windows,
+non-SDPA attention) decodes through the eager reference loops instead (draftsmith.benchmark.spec_decode), batch 1 only.
+
+Timing: after an untimed warm-up (on a CUDA device the capture of every step shape, then every method once on the
+first prompt), each prompt is decoded `benchmark.repeats` times by every method, the methods interleaved: run r
 of a prompt runs each method once, in an order rotated by one from run to run and from prompt to prompt, so that no
 method always goes first and a burst of load on the machine hits the methods alike. A prompt's time per method is
 the median of its runs; `run_order` records each run's position of the method, `repeat_seconds` the times. Greedy
 decoding is deterministic: every run must emit the same tokens with the same counts; a run that does not is
-reported (`unrepeatable_prompts` in the summary), not hidden (draftsmith.benchmark.interleaved). Each method decodes
-through draftsmith.benchmark.methods: its proposer and its decoder, batch 1 or batched.
+reported (`unrepeatable_prompts` in the summary), not hidden (draftsmith.benchmark.interleaved).
 
 Concurrency (`benchmark.batch_sizes`, draftsmith.config.batch_sizes): size 1 is the loop above, one prompt at a
-time with the batch-1 decoders of draftsmith.benchmark.spec_decode. A larger size N decodes the same prompts (a second
+time. A larger size N decodes the same prompts (a second
 turn after the target's batch-1 answer, so size 1 must be measured where prompts have one) with N requests in flight,
 as a server under a closed-loop load has them: each row takes the next prompt as soon as its answer ends
-(draftsmith.benchmark.batch_spec.serve; CUDA graphs per row count where the batch-1 loop has them, captured before
-timing). After an untimed warm-up run of every method on all the prompts, every method runs them `repeats` times,
+(CUDA graphs per row count, captured before timing). After an untimed warm-up run of every method on all the prompts, every method runs them `repeats` times,
 interleaved; each prompt's row gets the run's wall time over the prompts (summed: the run's throughput) and its own
 time to first token and time per output token. Rows carry their `batch_size` (the concurrency); per size, each
 speculative method's outputs are compared with target-only greedy's at that size, and target-only greedy's with its
@@ -32,7 +34,6 @@ helper), with the requests' latency percentiles (ttft_p50, tpot_p50, tpot_p90).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 
@@ -42,13 +43,12 @@ from tqdm import tqdm
 from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
 from draftsmith.benchmark.batch_spec import BatchTarget, serve_length
 from draftsmith.benchmark.interleaved import time_batch_interleaved, time_interleaved
-from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
-from draftsmith.benchmark.proposers import Eagle3Proposer
+from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers, one_at_a_time
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import TargetModel, divergence_gap
 from draftsmith.benchmark.step_costs import measure_step_costs
 from draftsmith.config.batch_sizes import batch_sizes
-from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa, prompt_bucket
+from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.draft_model import build_draft, load_draft
 from draftsmith.provenance import device_description, package_versions
@@ -132,7 +132,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     tune = graphs and bool(cfg["tune_kernels"])
     log.info("decoding steps %s", ("replayed as CUDA graphs over a static KV cache" + (
         ", each captured with the fastest of its kernel settings" if tune else "")) if graphs else "run eagerly")
-    runner = TargetModel(model, aux_layer_ids, cuda_graphs=graphs, tune_kernels=tune)
+    runner = TargetModel(model, aux_layer_ids)
     if max(sizes) > 1 and not runner.static:
         raise ValueError(f"benchmark.batch_sizes = {sizes}: batch sizes above 1 need a full-attention SDPA target "
                          f"(here {getattr(model.config, '_attn_implementation', None)}, or sliding windows)")
@@ -141,34 +141,39 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
 
     settings = ProposerSettings(device, ngram, {"eagle3_draft": trained, **(
         {"untrained_draft": untrained} if "untrained_draft" in methods else {})}, cfg.get("hybrid_min_ngram"),
-        cuda_graphs=graphs, tune_kernels=tune)
+        batched=runner.static, cuda_graphs=graphs, tune_kernels=tune)
     proposers = method_proposers(methods, settings)
-    decoders = method_decoders(methods, runner, proposers, k, max_new_tokens, stop_ids)
 
     def render(messages):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
     first_ids = render(prompts[0]["messages"])
+    if runner.static:  # the engine, one request at a time
+        engine = BatchTarget(runner, cuda_graphs=graphs, tune_kernels=tune)
+        decoders = one_at_a_time(method_decoders(methods, engine, proposers, k, max_new_tokens, stop_ids, concurrency=1))
+        # buffers sized for the longest prompt (a second turn adds an answer), every step shape captured
+        longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
+        longest += max_new_tokens + 64 if any("follow_up" in p for p in prompts) else 0
+        length = serve_length([[0] * longest], max_new_tokens, k)
+        drafts = [p for p in proposers.values() if isinstance(p, BatchEagle3Proposer)]
+        engine.reserve(1, length)
+        engine.capture(1, k, longest)
+        for draft in drafts:
+            draft.reserve(1, length)
+            draft.capture(1, k)
+        if graphs:
+            log.info("captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads the "
+                     "first %d or a multiple, as its sequences need)", len(engine.buffers.graphs.steps),
+                     "+".join(str(len(p.buffers.graphs.steps)) for p in drafts), engine.rows.cache.length, SPAN_GRANULE)
+    else:
+        engine = runner
+        decoders = method_decoders(methods, runner, proposers, k, max_new_tokens, stop_ids)
     log.info("warm-up: every method once on prompt %s", prompts[0]["prompt_id"])
     for decode in decoders.values():
         decode(first_ids)
-    if graphs:  # caches sized for the longest prompt (a second turn adds an answer), every step shape captured
-        longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
-        longest += max_new_tokens + 64 if any("follow_up" in p for p in prompts) else 0
-        capacity = max(longest + max_new_tokens, prompt_bucket(longest)) + k + 1
-        runner.reserve(capacity)
-        runner.capture_steps(longest, k)
-        for proposer in proposers.values():
-            if isinstance(proposer, Eagle3Proposer):
-                proposer.reserve(capacity)
-                proposer.capture_rounds(k, longest)
-        log.info("captured %d target steps and %s draft rounds; caches hold %d positions (a target step reads the "
-                 "first %d or a multiple, as its sequence needs)", len(runner.graphs.steps),
-                 "+".join(str(len(p.graphs.steps)) for p in proposers.values() if isinstance(p, Eagle3Proposer)),
-                 runner.cache.max_length, SPAN_GRANULE)
-        if tune:
-            for name, step_graphs in batch1_step_graphs(runner, proposers).items():
-                log_tuning(name, step_graphs)
+    if tune:
+        for name, step_graphs in engine_step_graphs(engine, proposers).items():
+            log_tuning(name, step_graphs)
 
     rows, outputs, rendered, categories = [], {m: {} for m in methods}, {}, {}
     unrepeatable: dict[str, list[str]] = {m: [] for m in methods}
@@ -210,8 +215,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
     for size in [s for s in sizes if s > 1]:
-        outputs_by_size[size] = time_concurrency(size, methods, rendered, categories, cfg, runner, settings, stop_ids, rows,
-                                             unrepeatable, variant)
+        outputs_by_size[size] = time_concurrency(size, methods, rendered, categories, cfg, engine, settings, stop_ids,
+                                                 rows, unrepeatable, variant)
     num_prompts = len(rendered)
 
     lossless, mismatched, divergences, size_extras = compare_outputs(outputs_by_size, methods, sizes, runner, rendered,
@@ -229,7 +234,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "cuda_graphs": graphs,
         "tune_kernels": tune,
         "kernel_choices": ({name: step_graphs.described_choices()
-                            for name, step_graphs in batch1_step_graphs(runner, proposers).items()} if tune else None),
+                            for name, step_graphs in engine_step_graphs(engine, proposers).items()} if tune else None),
         "repeats": repeats,
         "timing": "interleaved",
         "versions": package_versions(),
@@ -240,8 +245,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         extras[m].update(lossless=lossless[m], mismatched_prompts=mismatched[m], divergences=divergences[m])
     for method in [m for m in methods if hasattr(proposers.get(m), "rounds")]:  # a hybrid's rounds by source, batch 1
         extras[method]["rounds_drafted_by"] = dict(proposers[method].rounds)
-    for method in [m for m in methods if isinstance(proposers.get(m), Eagle3Proposer)]:  # batch 1
-        extras[method]["step_costs"] = measure_step_costs(runner, proposers[method], first_ids, k)
+    for method in [m for m in methods if isinstance(proposers.get(m), BatchEagle3Proposer)]:  # batch 1, the engine's
+        extras[method]["step_costs"] = measure_step_costs(engine, proposers[method], first_ids, k)
     summary = write_results(rows, k, out_per_prompt, out_summary, meta, extras, size_extras)
     log_summary(summary, k, sizes)
     return summary
@@ -254,11 +259,13 @@ def log_tuning(name: str, graphs) -> None:
         log.info("%s step %s: %s (ms per replay: %s)", name, key, name_chosen, times)
 
 
-def batch1_step_graphs(runner: TargetModel, proposers: dict) -> dict:
-    """The batch-1 loops' captured steps by owner: the target's (keyed by tokens, logits kept, auxiliary states) and
-    each draft's rounds (keyed by newly verified positions, k)."""
-    return {"target": runner.graphs,
-            **{method: p.graphs for method, p in proposers.items() if isinstance(p, Eagle3Proposer)}}
+def engine_step_graphs(target, proposers: dict) -> dict:
+    """The engine's captured steps by owner: the target's (keyed by rows, tokens, logits kept, auxiliary states,
+    span) and each draft's rounds (keyed by rows, newly verified positions, k); none for the reference loops."""
+    if not isinstance(target, BatchTarget):
+        return {}
+    return {"target": target.buffers.graphs,
+            **{method: p.buffers.graphs for method, p in proposers.items() if isinstance(p, BatchEagle3Proposer)}}
 
 
 def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],
@@ -317,15 +324,14 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
 
 
 def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
-                     runner: TargetModel, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
+                     target: BatchTarget, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
                      unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
     """Every method on all the rendered prompts with `size` requests in flight (draftsmith.benchmark.batch_spec.serve:
     a row takes the next prompt as its answer ends), after an untimed warm-up run of every method; each method
     `repeats` times, interleaved. Appends the rows (and unrepeatable prompts) and returns each method's outputs by
     prompt id."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
-    target = BatchTarget(runner, cuda_graphs=runner.graphs.enabled)
-    proposers = method_proposers(methods, dataclasses.replace(settings, batched=True))
+    proposers = method_proposers(methods, settings)  # their own: a hybrid counts the rounds of this size
     decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size)
     pids = list(rendered)
     in_flight = min(size, len(pids))
@@ -334,7 +340,7 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
         model.reserve(in_flight, length)
         model.capture(in_flight, k)
-    if runner.graphs.enabled:
+    if settings.cuda_graphs:
         log.info("concurrency %d: captured %d target steps and %s draft rounds", size, len(target.buffers.graphs.steps),
                  "+".join(str(len(p.buffers.graphs.steps)) for p in proposers.values()
                           if isinstance(p, BatchEagle3Proposer)))

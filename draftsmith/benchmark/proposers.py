@@ -1,7 +1,8 @@
-"""The proposers of the batch-1 speculative loop (draftsmith.benchmark.spec_decode): prompt lookup (n-gram drafts
-copied from the context), EAGLE-3 chain drafts, and the hybrid of the two. A proposer has `needs_aux` (whether it reads the target's
-auxiliary hidden states), `start(next_tokens, aux, capacity)` (the prompt), `propose(context, k)` (up to k drafted
-tokens, on the device) and `accept(next_tokens, aux)` (what the target verified).
+"""The proposers of the reference loop (draftsmith.benchmark.spec_decode, batch 1, eager): prompt lookup (n-gram drafts
+copied from the context), EAGLE-3 chain drafts, and the hybrid of the two; the engine's (draftsmith.benchmark.
+batch_proposers) are these for rows in flight. A proposer has `needs_aux` (whether it reads the target's auxiliary
+hidden states), `start(next_tokens, aux)` (the prompt), `propose(context, k)` (up to k drafted tokens, on the device)
+and `accept(next_tokens, aux)` (what the target verified).
 
 EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`):
 draft position t reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and
@@ -12,21 +13,12 @@ verified context and to its own chain. Draft token d maps to target token d + d2
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from draftsmith.benchmark.spec_decode import causal_mask
 from draftsmith.decoding import draft_kernels
-from draftsmith.decoding.static_cache import (
-    StaticKV,
-    StepGraphs,
-    positions_and_mask,
-    prompt_bucket,
-    prompt_buckets,
-    reserved,
-)
 
 
 def prompt_lookup_candidates(context: list[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
@@ -100,7 +92,7 @@ class PromptLookupProposer:
         self.device = device
         self.ngrams = ContextNgrams(max_ngram)
 
-    def start(self, next_tokens, aux, capacity: int) -> None:
+    def start(self, next_tokens, aux) -> None:
         pass
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
@@ -117,25 +109,21 @@ def use_sdpa(draft) -> None:
         layer.self_attn.config._attn_implementation = "sdpa"
 
 
-def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, first_slot: torch.Tensor | None,
-                         cache: StaticKV | None) -> torch.Tensor:
-    """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) written at cache
-    slots first_slot.. (a device scalar [1]), at position ids one more than the slots (EAGLE-3's shift); each
-    attends to the cache's slots before it. Without a cache: slots 0..n-1, causal among themselves.
-    Returns the last layer's output before `norm` ([1, n, H])."""
-    n = token_ids.shape[1]
-    if cache is None:
-        slots = torch.arange(n, device=hidden.device)
-        mask = causal_mask(0, n, hidden.device) if n > 1 else None
-    else:
-        slots, mask = positions_and_mask(first_slot, n, cache.max_length)
+def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, cache: DynamicCache | None = None,
+                         ) -> torch.Tensor:
+    """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) after the `cache`'s
+    positions (none without one), at position ids one more than their slots (EAGLE-3's shift), causal: each attends
+    to the cache and to those before it. Returns the last layer's output before `norm` ([1, n, H])."""
+    n, past = token_ids.shape[1], cache.get_seq_length() if cache is not None else 0
+    slots = torch.arange(past, past + n, device=hidden.device)
+    mask = causal_mask(past, n, hidden.device) if past + n > 1 else None
     return draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
 
 
 def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                  cache_position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
     """The draft's decoder layers on `cat(embed(token_ids), hidden)` ([B, n], [B, n, H]) at `position_ids` ([B, n]),
-    the caller's `mask` and cache (`cache_position`: where a StaticKV writes). Returns the last layer's output
+    the caller's `mask` and cache (`cache_position`: where a static cache writes). Returns the last layer's output
     before `norm` ([B, n, H])."""
     states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
     position_embeddings = draft.rotary_emb(states, position_ids)
@@ -147,103 +135,44 @@ def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_
 
 
 class Eagle3Proposer:
-    """Chain drafts from a speculators Eagle3DraftModel fed with the target's auxiliary hidden states.
-
-    The draft's static KV cache holds one entry per verified position (step 0, target states); a round's
-    chain entries sit after them and are overwritten by the next round's verified ones. A round (the newly
-    verified positions, then k chain steps) runs on the device alone, so with `cuda_graphs` it is one replay;
-    the prompt's round too, padded to the target's prompt buckets (the padding's slots, like the chain's, are
-    overwritten before anything attends to them). `tune_kernels`: as TargetModel's. `fewer_kernels`: the draft's
-    norms fused and its rotary embedding a table (draftsmith.decoding.draft_kernels; off: its modules as built).
-    """
+    """Chain drafts from a speculators Eagle3DraftModel fed with the target's auxiliary hidden states, eagerly over a
+    DynamicCache that holds one entry per verified position (step 0, target states): a round writes the newly
+    verified positions, drafts a chain of k after them and crops the chain's entries off again. `fewer_kernels`: the
+    draft's norms fused and its rotary embedding a table, as the engine runs it (draftsmith.decoding.draft_kernels;
+    off: its modules as built)."""
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False, fewer_kernels: bool = True):
+    def __init__(self, draft, fewer_kernels: bool = True):
         use_sdpa(draft)
         if fewer_kernels:
             draft_kernels.fewer_kernels(draft)
         self.draft = draft
-        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
-        self.cache: StaticKV | None = None
-        device = next(draft.parameters()).device
-        # device scalars for captured rounds: the first free slot, and how many of the round's inputs are real
-        self._verified = torch.zeros(1, dtype=torch.long, device=device)
-        self._count = torch.zeros(1, dtype=torch.long, device=device)
 
-    def start(self, next_tokens: torch.Tensor, aux: torch.Tensor, capacity: int) -> None:
-        """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last; the cache
-        holds `capacity` positions."""
-        self.reserve(capacity)
-        self.verified = 0  # step-0 entries in the cache
+    def start(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
+        """next_tokens[t] = x[t+1] for the prompt positions t, the first generated token last."""
+        self.cache = DynamicCache()
         self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
 
-    def reserve(self, capacity: int) -> None:
-        """A cache of at least `capacity` positions (a larger one drops the captured rounds)."""
-        self.cache = reserved(self.cache, capacity, self.graphs)
-
-    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
-    def capture_rounds(self, k: int, longest_prompt: int) -> None:
-        """Capture now the prompt's round for each bucket up to `longest_prompt`'s and the round after each
-        possible verification (1..k+1 newly verified positions). Reserve the cache the decodes need first:
-        growing it later drops these graphs."""
-        if not self.graphs.enabled:
-            return
-        fc = self.draft.fc
-
-        def zeros(n: int):
-            return (torch.zeros((1, n), dtype=torch.long, device=fc.weight.device),
-                    torch.zeros((1, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
-
-        buckets = prompt_buckets(longest_prompt)
-        self.reserve(buckets[-1] + (k + 1) * (k + 2) + k)
-        for bucket in buckets:
-            self.start(*zeros(bucket), capacity=bucket + k)
-            self.propose([], k)
-        for chain in (k, 0):  # 0: the rounds whose drafts the hybrid takes from prompt lookup
-            for n in range(1, k + 2):
-                self.accept(*zeros(n))
-                self.propose([], k, chain)
+    @property
+    def verified(self) -> int:
+        return self.cache.get_seq_length()
 
     def propose(self, context: list[int], k: int, chain: int | None = None) -> torch.Tensor:
         """Up to k drafts: the newly verified inputs into the cache, then a chain of `chain` (default k) drafts; a
         chain of 0 only feeds the cache (a round whose drafts come from elsewhere: the hybrid's)."""
-        chain = k if chain is None else chain
-        n = self.pending_tokens.shape[1]
-        if self.verified + n + chain > self.cache.max_length:
-            raise ValueError(f"the draft's KV cache holds {self.cache.max_length} positions; "
-                             f"{self.verified} + {n} + {chain} asked for")
-        self._verified.fill_(self.verified)
-        self._count.fill_(n)
-        draft_round = functools.partial(self._round, k=chain)
-        tokens, aux = self.pending_tokens, self.pending_aux
-        bucket = prompt_bucket(n)
-        if self.verified and n <= k + 1:  # a round after a verification
-            drafted = self.graphs.run((n, chain), draft_round, tokens, aux)
-        elif not self.verified and self.graphs.enabled and bucket + chain <= self.cache.max_length:  # a prompt, padded
-            pad = torch.nn.functional.pad
-            drafted = self.graphs.run(("prompt", bucket, chain), draft_round, pad(tokens, (0, bucket - n)),
-                                      pad(aux, (0, 0, 0, bucket - n)), tune=False)
-        else:
-            drafted = draft_round(tokens, aux)
-        self.verified += n
-        return drafted
-
-    def _round(self, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> torch.Tensor:
-        """k chain drafts after the round's first `_count` inputs (the rest is padding) written at `_verified`."""
-        draft = self.draft
-        out = draft_layers_forward(draft, tokens, draft.fc(aux), self._verified, self.cache)
-        if not k:
-            return torch.zeros(0, dtype=torch.long, device=tokens.device)
-        hidden = out.index_select(1, self._count - 1)  # the last real input's state, without a host sync
-        drafted = []
-        for step in range(k):
+        draft, chain = self.draft, k if chain is None else chain
+        hidden = draft_layers_forward(draft, self.pending_tokens, draft.fc(self.pending_aux), self.cache)[:, -1:]
+        verified, drafted = self.verified, []
+        for step in range(chain):
             token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [1, 1], draft vocabulary
             token = token + draft.d2t[token]
             drafted.append(token)
-            if step + 1 < k:
-                hidden = draft_layers_forward(draft, token, hidden, self._verified + self._count + step, self.cache)
-        return torch.cat(drafted, dim=-1).view(-1)
+            if step + 1 < chain:
+                hidden = draft_layers_forward(draft, token, hidden, self.cache)
+        self.cache.crop(verified)
+        return torch.cat(drafted, dim=-1).view(-1) if drafted else torch.zeros(0, dtype=torch.long,
+                                                                              device=hidden.device)
 
     def accept(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
         """next_tokens: the accepted drafts and the bonus token; aux: target states at the positions before them."""
@@ -254,8 +183,7 @@ class HybridProposer:
     """Prompt lookup's drafts where the context's last `min_ngram` or more tokens recur (n-grams of up to the lookup's
     max_ngram), the EAGLE-3 draft's elsewhere. The EAGLE-3 round runs every round either way: it feeds the draft the
     newly verified positions, so its cache stays current whichever drafts the target verified; a round that takes
-    lookup's drafts skips the draft's chain (after the prompt's round, whose capture has one). `rounds` counts the
-    rounds each source drafted."""
+    lookup's drafts skips the draft's chain. `rounds` counts the rounds each source drafted."""
 
     needs_aux = True
 
@@ -266,15 +194,15 @@ class HybridProposer:
         self.lookup, self.eagle, self.min_ngram = lookup, eagle, min_ngram
         self.rounds = {"prompt_lookup": 0, "eagle3": 0}
 
-    def start(self, next_tokens, aux, capacity: int) -> None:
-        self.eagle.start(next_tokens, aux, capacity)
+    def start(self, next_tokens, aux) -> None:
+        self.eagle.start(next_tokens, aux)
 
     def propose(self, context: list[int], k: int) -> torch.Tensor:
         found = self.lookup.ngrams.candidates(0, context, k, self.min_ngram)
         self.rounds["prompt_lookup" if found else "eagle3"] += 1
         if not found:
             return self.eagle.propose(context, k)
-        self.eagle.propose(context, k, chain=0 if self.eagle.verified else k)  # the prompt's round: captured with k
+        self.eagle.propose(context, k, chain=0)
         return torch.tensor(found, dtype=torch.long, device=self.lookup.device)
 
     def accept(self, next_tokens, aux) -> None:

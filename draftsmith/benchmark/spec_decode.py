@@ -1,17 +1,16 @@
-"""Greedy decoding loops of the offline benchmark: target-only, prompt lookup, EAGLE-3 chain drafts.
+"""The eager reference decoder of the offline benchmark (batch 1, transformers' DynamicCache) and what the engine
+shares with it: the target with its auxiliary-layer hooks (`TargetModel`), a request's `Trace`, the stopping rule.
 
-All methods share one verification loop and one stopping rule, so their outputs are
-comparable token for token: generation stops after `max_new_tokens` tokens or at the first
-stop token (kept in the output), whichever comes first.
+The engine, draftsmith.benchmark.batch_spec.serve, decodes at batch 1 and under load alike over static caches and
+CUDA graphs. These loops are its reference: the tests hold its tokens and its accepted drafts equal to theirs, and the
+benchmark runs them for a target whose masks draftsmith cannot build (sliding windows, non-SDPA attention).
 
-Speculative round (batch size 1, temperature 0): the proposer drafts up to k tokens; the
-target runs once over [last token, drafts] with its KV cache; drafts are accepted while they
-equal the target's argmax, and the target's own token at the first mismatch (or after the
-last draft) is appended as the bonus token. Every emitted token is the target's argmax, so
-the output equals target-only greedy decoding up to floating-point ties. The same rounds for several prompts
-decoded together are draftsmith.benchmark.batch_spec.
-
-The proposers (prompt lookup, EAGLE-3 chain drafts) are draftsmith.benchmark.proposers.
+Speculative round (temperature 0): the proposer drafts up to k tokens; the target runs once over [last token, drafts]
+with its KV cache; drafts are accepted while they equal the target's argmax, and the target's own token at the first
+mismatch (or after the last draft) is appended as the bonus token. Every emitted token is the target's argmax, so the
+output equals target-only greedy decoding up to floating-point ties. Generation stops after `max_new_tokens` tokens or
+at the first stop token (kept in the output), whichever comes first. The reference proposers are
+draftsmith.benchmark.proposers.
 """
 
 from __future__ import annotations
@@ -23,18 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from draftsmith.decoding.static_cache import (
-    SPAN_GRANULE,
-    StaticKV,
-    StepGraphs,
-    attention_span,
-    full_attention_sdpa,
-    keeps_logits,
-    positions_and_mask,
-    prompt_bucket,
-    prompt_buckets,
-    reserved,
-)
+from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
 from draftsmith.target_model.layers import find_decoder
 
 
@@ -107,24 +95,13 @@ def causal_mask(past: int, q: int, device) -> torch.Tensor:
 
 
 class TargetModel:
-    """A Hugging Face causal LM decoding one sequence at a time with a KV cache, capturing the inputs of the
-    auxiliary decoder layers.
+    """A Hugging Face causal LM with hooks on its auxiliary decoder layers (`call` returns their inputs beside the
+    logits), decoding one sequence eagerly over transformers' DynamicCache (`start`, `forward`, `rewind`: the
+    reference loops). `static`: whether its masks are draftsmith's to build (full-attention SDPA), so that the engine
+    (BatchTarget) can keep its cache static."""
 
-    For full-attention SDPA models the cache is static (`StaticKV`, its own masks) and, with `cuda_graphs`,
-    every step of up to `MAX_GRAPH_WIDTH` tokens is replayed as a CUDA graph, and so is each prompt, padded to
-    a power-of-two bucket (`prompt_bucket`: the padding's cache slots lie past the prompt, masked until the next
-    steps overwrite them); other models decode eagerly with transformers' DynamicCache. A static step attends to
-    the cache's first slots only, as many as its sequence needs in multiples of SPAN_GRANULE (`attention_span`; one
-    capture per span; `whole_cache`: always all of them). Every path gives the same tokens
-    (tests/test_spec_decode.py). With `tune_kernels` each decoding step (not a prompt's) is captured under every
-    kernel setting and replayed with the fastest (`StepGraphs`; the spans of one width share its setting)."""
-
-    MAX_GRAPH_WIDTH = 16  # wider steps run eagerly
-
-    def __init__(self, model, aux_layer_ids: list[int] | None = None, cuda_graphs: bool = False,
-                 tune_kernels: bool = False, whole_cache: bool = False):
+    def __init__(self, model, aux_layer_ids: list[int] | None = None):
         self.model = model
-        self.whole_cache = whole_cache  # every step attends to every slot (docs/BENCHMARKS.md: the span's gain)
         self.device = next(model.parameters()).device
         self.aux_layer_ids = list(aux_layer_ids or [])
         self._capturing = False
@@ -134,13 +111,8 @@ class TargetModel:
             decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
         self._keeps_logits = keeps_logits(model)
         self.static = full_attention_sdpa(model)
-        if cuda_graphs and not (self.static and self.device.type == "cuda"):
-            raise ValueError("CUDA graphs need a CUDA device and a full-attention SDPA target "
-                             f"(here {self.device.type}, static cache {self.static})")
-        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
-        self.cache: StaticKV | DynamicCache | None = None
+        self.cache: DynamicCache | None = None
         self.length = 0  # positions in the cache
-        self._length = torch.zeros(1, dtype=torch.long, device=self.device)  # the same, for captured steps
 
     def _hook(self, layer_id: int):
         def hook(_module, args, kwargs):
@@ -149,80 +121,30 @@ class TargetModel:
 
         return hook
 
-    def start(self, prompt_ids: list[int], capacity: int, with_aux: bool = False, keep: int = 1):
-        """A new sequence: run the prompt; the cache holds `capacity` positions in all.
-        Returns the last `keep` positions' logits and, with `with_aux`, the prompt's auxiliary states."""
-        if not self.static:
-            self.cache = DynamicCache()
-        else:
-            self.reserve(capacity)
-        self.length = 0
+    def start(self, prompt_ids: list[int], with_aux: bool = False, keep: int = 1):
+        """A new sequence: run the prompt. Returns the last `keep` positions' logits and, with `with_aux`, the
+        prompt's auxiliary states."""
+        self.cache, self.length = DynamicCache(), 0
         return self.forward(torch.tensor([prompt_ids], device=self.device), keep=keep, with_aux=with_aux)
-
-    def reserve(self, capacity: int) -> None:
-        """A static cache of at least `capacity` positions (a larger one drops the captured steps: they address
-        the old buffers)."""
-        if self.static:
-            self.cache = reserved(self.cache, capacity, self.graphs)
-
-    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
-    def capture_steps(self, longest_prompt: int, k: int) -> None:
-        """Capture now every step the decoding loops take with up to k drafts (each prompt bucket up to the longest
-        prompt's, 1..k+1 tokens after it; with and without the auxiliary states), so that no capture falls inside
-        a timed decode. Reserve the cache the decodes need first: growing it later drops these graphs."""
-        if not self.graphs.enabled:
-            return
-        buckets = prompt_buckets(longest_prompt)
-        self.reserve(buckets[-1] + k + 1)
-        for bucket in buckets:
-            for with_aux in {False, bool(self.aux_layer_ids)}:
-                self.start([0] * bucket, capacity=bucket + k + 1, with_aux=with_aux)
-        spans = {self._span(n) for n in range(SPAN_GRANULE, self.cache.max_length + SPAN_GRANULE, SPAN_GRANULE)}
-        for span in sorted(spans):  # every span a step can read (with whole_cache: the whole cache only)
-            for q in range(1, k + 2):
-                for with_aux in {False, bool(self.aux_layer_ids)}:
-                    self.rewind(span - q)  # the last q slots of the span
-                    self.forward(torch.zeros((1, q), dtype=torch.long, device=self.device), keep=q, with_aux=with_aux)
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
-        if not self.static:
-            self.cache.crop(length)
+        self.cache.crop(length)
         self.length = length
 
     def forward(self, input_ids: torch.Tensor, keep: int, with_aux: bool = False):
-        """Run `input_ids` [1, q] after the cached positions.
-
-        Returns the logits of the last `keep` positions and, with `with_aux`, the auxiliary states [1, q, 3H].
-        A captured step's outputs are overwritten by its next replay: use them before the next forward."""
+        """Run `input_ids` [1, q] after the cached positions. Returns the logits of the last `keep` positions [keep, V]
+        and, with `with_aux`, the auxiliary states [1, q, 3H]."""
         if with_aux and not self.aux_layer_ids:
             raise ValueError("this TargetModel was built without auxiliary layer ids")
-        q = input_ids.shape[1]
-        if not self.static:
-            out = self._step_dynamic(input_ids, keep, with_aux)
-        else:
-            if self.length + q > self.cache.max_length:
-                raise ValueError(f"the KV cache holds {self.cache.max_length} positions; {self.length} + {q} asked for")
-            self._length.fill_(self.length)
-            bucket = prompt_bucket(q)
-            if not self.length and self.graphs.enabled and bucket <= self.cache.max_length:  # a prompt, padded
-                step = functools.partial(self._step_static, keep=bucket, with_aux=with_aux, span=self._span(bucket))
-                padded = torch.nn.functional.pad(input_ids, (0, bucket - q))
-                logits, aux = self.graphs.run(("prompt", bucket, with_aux), step, padded, tune=False)
-                out = logits[q - keep : q], (aux[:, :q] if with_aux else None)
-            else:
-                span = self._span(self.length + q)
-                step = functools.partial(self._step_static, keep=keep, with_aux=with_aux, span=span)
-                captured = self.length and q <= self.MAX_GRAPH_WIDTH
-                out = (self.graphs.run((q, keep, with_aux, span), step, input_ids, family=(q, keep, with_aux))
-                       if captured else step(input_ids))
-        self.length += q
-        return out
+        logits, aux = self.call(keep, with_aux, input_ids=input_ids, past_key_values=self.cache)
+        self.length += input_ids.shape[1]
+        return logits[0], aux
 
-    def call(self, keep: int, with_aux: bool, **model_kwargs):
+    def call(self, keep: int | torch.Tensor, with_aux: bool, **model_kwargs):
         """The model's forward (`model_kwargs`: inputs, mask, cache) keeping the last `keep` positions' logits
-        ([B, keep, V]) and, with `with_aux`, the auxiliary layers' inputs ([B, q, 3H]; else None). The batched
-        loops (draftsmith.benchmark.batch_spec) call it too, for the same hooks."""
+        ([B, keep, V]; a tensor of positions: those) and, with `with_aux`, the auxiliary layers' inputs ([B, q, 3H];
+        else None). The engine (draftsmith.benchmark.batch_spec) calls it too, for the same hooks."""
         self._captured.clear()
         self._capturing = with_aux
         extra = {"logits_to_keep": keep} if self._keeps_logits else {}
@@ -231,22 +153,9 @@ class TargetModel:
         finally:
             self._capturing = False
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if with_aux else None
-        return out.logits[:, -keep:], aux
-
-    def _span(self, needed: int) -> int:
-        """The cache slots a step whose sequence fills the first `needed` attends to."""
-        return self.cache.max_length if self.whole_cache else attention_span(needed, self.cache.max_length)
-
-    def _step_static(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
-        self.cache.span = span  # the attention layers read the cache's first `span` slots (a capture keeps it)
-        positions, mask = positions_and_mask(self._length, input_ids.shape[1], span)
-        logits, aux = self.call(keep, with_aux, input_ids=input_ids, attention_mask=mask, position_ids=positions[None],
-                                cache_position=positions, past_key_values=self.cache)
-        return logits[0], aux
-
-    def _step_dynamic(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
-        logits, aux = self.call(keep, with_aux, input_ids=input_ids, past_key_values=self.cache)
-        return logits[0], aux
+        if self._keeps_logits:
+            return out.logits, aux
+        return (out.logits[:, keep] if isinstance(keep, torch.Tensor) else out.logits[:, -keep:]), aux
 
 
 @torch.inference_mode()
@@ -255,7 +164,7 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
     device = target.device
     synchronize(device)
     start = time.perf_counter()
-    logits, _ = target.start(prompt_ids, capacity=len(prompt_ids) + max_new_tokens)
+    logits, _ = target.start(prompt_ids)
     next_token = logits[-1].argmax()
     tokens = [int(next_token)]  # the host must see each token to apply the stopping rule
     first_token_seconds = time.perf_counter() - start
@@ -271,20 +180,19 @@ def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: in
 @torch.inference_mode()
 def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: int, max_new_tokens: int,
                        stop_ids: set[int]) -> Trace:
-    """Greedy speculative decoding with `proposer` (PromptLookupProposer or Eagle3Proposer)."""
+    """Greedy speculative decoding with `proposer` (one of draftsmith.benchmark.proposers)."""
     if k < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
     device = target.device
     synchronize(device)
     start = time.perf_counter()
-    capacity = len(prompt_ids) + max_new_tokens + k + 1  # the last round may verify k tokens past the limit
-    logits, aux = target.start(prompt_ids, capacity, with_aux=proposer.needs_aux)
+    logits, aux = target.start(prompt_ids, with_aux=proposer.needs_aux)
     prompt = torch.tensor(prompt_ids, device=device)
     last = logits[-1].argmax().view(1)
     tokens = [int(last)]
     trace = Trace(tokens=tokens, target_forwards=1, first_token_seconds=time.perf_counter() - start)
     context = list(prompt_ids) + tokens  # host copy for n-gram lookup
-    proposer.start(torch.cat([prompt[1:], last]), aux, capacity)
+    proposer.start(torch.cat([prompt[1:], last]), aux)
     done = answer_done(tokens, tokens, max_new_tokens, stop_ids)
     while not done:
         draft = proposer.propose(context, k)
@@ -329,7 +237,7 @@ def divergence_gap(target: TargetModel, prompt_ids: list[int], tokens: list[int]
     if i is None or i >= len(tokens) or i >= len(reference):
         return None if i is None else {"position": i, "greedy_token": None, "emitted_token": None, "logit_gap": None}
     context = list(prompt_ids) + reference[:i]
-    logits, _ = target.start(context, capacity=len(context))
+    logits, _ = target.start(context)
     row = logits[-1].float()
     return {"position": i, "greedy_token": reference[i], "emitted_token": tokens[i],
             "logit_gap": float(row[reference[i]] - row[tokens[i]])}

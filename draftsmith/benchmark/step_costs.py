@@ -16,8 +16,9 @@ import time
 
 import torch
 
-from draftsmith.benchmark.proposers import Eagle3Proposer
-from draftsmith.benchmark.spec_decode import TargetModel, synchronize
+from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
+from draftsmith.benchmark.batch_spec import BatchTarget, serve_length
+from draftsmith.benchmark.spec_decode import synchronize
 
 REPEATS = 20
 
@@ -40,35 +41,36 @@ def median_ms(fn, device, repeats: int = REPEATS, reset=None) -> float:
 
 
 @torch.inference_mode()
-def measure_step_costs(target: TargetModel, proposer: Eagle3Proposer, prompt_ids: list[int], k: int) -> dict:
-    """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft
-    step (a draft round of k steps / k, one newly verified position per round) after `prompt_ids`,
-    run the way the decoding loops run them (CUDA graphs where the target and proposer use them)."""
-    room = REPEATS + 2 + k + 1  # draft rounds each add one verified position
-    logits, aux = target.start(prompt_ids, capacity=len(prompt_ids) + room, with_aux=True)
-    token = logits[-1].argmax().view(1, 1)
-    cached = target.length
+def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, prompt_ids: list[int], k: int) -> dict:
+    """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft step (a draft
+    round of k steps / k, one newly verified position per round) after `prompt_ids`, one row of the engine, run as
+    its rounds run them (CUDA graphs where the target and proposer use them)."""
+    length = serve_length([prompt_ids], REPEATS + 2 + k + 1, k)  # draft rounds each add one verified position
+    target.begin(1, length)
+    proposer.begin(1, length)
+    ids, starts, logits, aux = target.prefill([0], [prompt_ids], with_aux=True)
+    token = logits.argmax(-1)
+    proposer.prefill([0], ids, token, aux, starts)
+    cached = target.rows.host_lengths[0]
+    aux_last = aux[:, -1:].clone()  # the target's outputs are rewritten by its steps
+
+    def rewind():
+        target.rows.admit([0], starts, cached)
 
     def target_step():
-        target.forward(token, keep=1)[0].argmax().item()
-        target.rewind(cached)
+        target.forward(token[:, None])[0].argmax().item()
 
     def verify_step():
-        target.forward(token.repeat(1, k + 1), keep=k + 1, with_aux=True)[0].argmax(-1).tolist()
-        target.rewind(cached)
+        target.forward(token[:, None].repeat(1, k + 1), with_aux=True)[0].argmax(-1).tolist()
 
-    aux_prompt, aux_last = aux.clone(), aux[:, -1:].clone()  # the target's outputs are rewritten by its steps
-    prompt = torch.tensor(prompt_ids, device=target.device)
-    proposer.start(torch.cat([prompt[1:], token.view(1)]), aux_prompt, len(prompt_ids) + room)
-    context = list(prompt_ids) + [int(token)]
-    proposer.propose(context, k)  # consumes the prompt's states; each round below adds one position
+    proposer.propose([], k)  # consumes the prompt's last position; each round below adds one
 
     def draft_round():
-        proposer.accept(token.view(1), aux_last)
-        proposer.propose(context, k).tolist()
+        proposer.accept(token[:, None], aux_last, [1])
+        proposer.propose([], k)[0].tolist()
 
-    target_ms = median_ms(target_step, target.device)
-    verify_ms = median_ms(verify_step, target.device)
+    target_ms = median_ms(target_step, target.device, reset=rewind)
+    verify_ms = median_ms(verify_step, target.device, reset=rewind)
     draft_ms = median_ms(draft_round, target.device) / k
     return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
             "cost_ratio": draft_ms / target_ms}

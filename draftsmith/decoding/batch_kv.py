@@ -112,14 +112,21 @@ def left_padded(prompts: list[list[int]], device, width: int | None = None) -> t
     return on_device(ids, device), on_device(starts, device)
 
 
+def right_padded(prompt: list[int], device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One prompt as a tensor [1, width] (default: its length), 0 after it, and its start slot [1] (0)."""
+    ids = torch.zeros((1, width or len(prompt)), dtype=torch.long)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    return on_device(ids, device), on_device([0], device)
+
+
 class BatchKV:
     """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
 
     Three kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
     itself), a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
     slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs),
-    and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the whole cache through the
-    caller's mask: the batched speculative loops of draftsmith.benchmark.batch_spec).
+    and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the first `span` slots through
+    the caller's mask: the engine's rounds, draftsmith.benchmark.batch_spec).
     """
 
     def __init__(self, rows: int, length: int):
@@ -142,7 +149,7 @@ class BatchKV:
         if self.write_slots is not None:  # row r's q tokens at slots write_slots[r]: [rows, q, KV, D] indexed
             keys[self._all_rows[:, None], :, self.write_slots] = key.transpose(1, 2)
             values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
-            return keys, values
+            return keys[:, :, : self.span], values[:, :, : self.span]
         if self.prefill_rows is not None:
             width = key.shape[2]
             keys[self.prefill_rows, :, :width] = key

@@ -1,12 +1,11 @@
-"""Fixed-address decoding state: a static KV cache and CUDA-graph replay (the benchmark's batch-1 loops; the
-batched decoder and BatchKV of draftsmith.decoding.batch, and the benchmark's batched loops on them, build on the same
-pieces).
+"""CUDA-graph replay of decoding steps (`StepGraphs`: captured per shape, optionally under the fastest kernel
+setting), the attention span a step reads, the prompt buckets a prefill is padded to, and what a model must be for
+draftsmith to keep its KV cache static (the engine: draftsmith.benchmark.batch_spec.serve over BatchKV).
 
-At batch 1 an eager decode step of a small model is launch-bound: hundreds of kernel launches from
-Python cost far more than the kernels. A step whose tensors all live at fixed addresses (the KV cache
-preallocated, the write position a device scalar, the mask computed on the device) can be captured
-once as a CUDA graph and replayed with one launch. The same step functions run eagerly on the CPU,
-so the tests check the captured code's arithmetic there.
+A decode step of a small model is launch-bound: hundreds of kernel launches from Python cost far more than the
+kernels. A step whose tensors all live at fixed addresses (the KV cache preallocated, the write slots device
+tensors, the mask computed on the device) can be captured once as a CUDA graph and replayed with one launch. The same
+step functions run eagerly on the CPU, so the tests check the captured code's arithmetic there.
 """
 
 from __future__ import annotations
@@ -45,37 +44,6 @@ def attention_span(needed: int, max_length: int) -> int:
     queries: on one H100 SmolLM2's 4-token verification cost 0.53 ms more than a one-token step over 768 slots, 0.31
     ms more over 256 (docs/BENCHMARKS.md, "SmolLM2-135M on MT-Bench at batch 1"), so a step reads no more of the cache than it needs."""
     return min(max_length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE)
-
-
-class StaticKV:
-    """A preallocated KV cache for Hugging Face attention layers (their `update(key, value, layer_idx, kwargs)`),
-    written at `cache_kwargs["cache_position"]`; returns the buffers' first `span` slots (all of them while `span` is
-    None), so the caller's attention mask must hide every slot past the sequence (stale entries of a rewound step
-    stay there until overwritten) and `span` must cover the sequence."""
-
-    def __init__(self, max_length: int):
-        self.max_length = max_length
-        self.span: int | None = None
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None):
-        if layer_idx not in self.keys:
-            shape = (*key.shape[:2], self.max_length, key.shape[3])
-            self.keys[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=key.device)
-            self.values[layer_idx] = torch.zeros(shape, dtype=value.dtype, device=value.device)
-        position = cache_kwargs["cache_position"]
-        self.keys[layer_idx].index_copy_(2, position, key)
-        self.values[layer_idx].index_copy_(2, position, value)
-        return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
-
-
-def positions_and_mask(length: torch.Tensor, q: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions length..length+q-1 ([q]) of q new tokens after `length` cached ones (a device scalar [1]) and
-    their boolean SDPA mask over the cache's first `span` slots ([1, 1, q, span], True = attend)."""
-    positions = length + torch.arange(q, device=length.device)
-    keys = torch.arange(span, device=length.device)
-    return positions, (keys[None, :] <= positions[:, None]).view(1, 1, q, span)
 
 
 def prompt_bucket(length: int, smallest: int = 16) -> int:
@@ -203,15 +171,6 @@ class StepGraphs:
         """Each tuned step's kernel setting, keyed by its step key as text (for a summary)."""
         return {" ".join(map(str, key if isinstance(key, tuple) else (key,))): name
                 for key, name in self.choices.items()}
-
-
-def reserved(cache: StaticKV | None, capacity: int, graphs: StepGraphs, granule: int = 256) -> StaticKV:
-    """`cache` if it holds `capacity` positions, else a new one of `capacity` rounded up to a granule (so that it
-    grows in steps rather than per sequence), dropping `graphs`: they address the old buffers."""
-    if cache is not None and capacity <= cache.max_length:
-        return cache
-    graphs.clear()
-    return StaticKV(-(-capacity // granule) * granule)
 
 
 def full_attention_sdpa(model) -> bool:
