@@ -158,7 +158,7 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 10, "temperature": 0.0,
            "batch_size": None, "batch_sizes": [1, 2], "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32",
-           "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2,
+           "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2, "load_requests_per_row": 2,
            "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     assert batch_size_problems(cfg) == []
     assert batch_size_problems({**cfg, "batch_sizes": [2, 1]}) != []  # still ascending only
@@ -180,6 +180,11 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
                 assert figures["lossless"] is True and figures["mismatched_prompts"] == []
         if method != "target_greedy":
             assert "pays_up_to" in entry and entry["lossless"] is True
+    # 2 in flight x 2 requests a row: 4 requests, so the 3 prompts in 2 whole passes; one row per prompt, its
+    # requests agreeing (repeatable), tokens/s over all 6 requests' tokens and the run's wall time
+    assert {e["per_batch_size"]["2"]["requests"] for e in summary["methods"].values()} == {6}
+    assert "requests" not in summary["methods"]["eagle3_draft"]["per_batch_size"]["1"]
+    assert all(e["repeatable"] for e in summary["methods"].values())
     assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["speedup"] == pytest.approx(1.0)
     assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["matches_batch_1"] is True
     # every size decodes the same tokens with the same counts
@@ -199,6 +204,9 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     with pytest.raises(ValueError, match="batch_sizes"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "batch_sizes": [0, 2]}, out / "x.csv", out / "x.json", "default")
+    with pytest.raises(ValueError, match="load_requests_per_row must be >= 1"):
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                              {**cfg, "load_requests_per_row": 0}, out / "x.csv", out / "x.json", "default")
 
 
 @pytest.mark.parametrize("concurrency", [2, 3])
@@ -218,3 +226,22 @@ def test_prefills_padded_to_buckets_and_replayed_give_the_same_outputs(tiny, con
     assert prefills and {width for _, _, width, _ in prefills} <= buckets < {len(p) for p in prompts} | buckets
     assert {rows for _, rows, _, _ in prefills} >= {concurrency, 1}  # the first fill, then refills of one row
     check_rows(serve_greedy(target, prompts, concurrency, stop), references(tiny, prompts, stop))
+
+
+def test_a_prompt_s_requests_merge_into_one_row_and_must_agree():
+    """per_prompt: the requests of one prompt (a load run's passes) become its row: the first's trace and times, each
+    run's latency the median of the requests', repeatable only where every request emitted the same tokens."""
+    from draftsmith.benchmark.interleaved import Timed, per_prompt
+    from draftsmith.benchmark.spec_decode import Trace
+
+    def timed(tokens, ttft):
+        trace = Trace(tokens=tokens, target_forwards=len(tokens), seconds=0.5, ttft_seconds=ttft, tpot_seconds=0.01)
+        t = Timed(trace)
+        t.add(trace, 0, 3)
+        return t
+
+    merged = per_prompt([timed([1, 2], 0.1), timed([7], 0.2), timed([1, 2], 0.3), timed([1, 2], 0.5)],
+                        ["a", "b", "a", "a"], 3)
+    assert list(merged) == ["a", "b"] and merged["a"].trace.tokens == [1, 2] and merged["a"].seconds == [0.5]
+    assert merged["a"].latencies == [{"ttft_seconds": 0.3, "tpot_seconds": 0.01}] and merged["a"].repeatable
+    assert not per_prompt([timed([1, 2], 0.1), timed([1, 3], 0.1)], ["a", "a"], 3)["a"].repeatable

@@ -78,3 +78,29 @@ def time_batch_interleaved(decoders: dict, batch: list[list[int]], repeats: int,
             for row, trace in zip(timed.setdefault(method, [Timed(t) for t in traces]), traces):
                 row.add(trace, position, k)
     return {m: timed[m] for m in methods}
+
+
+def per_prompt(timed: list[Timed], prompt_ids: list[str], k: int) -> dict[str, Timed]:
+    """The runs of several requests of one prompt (`prompt_ids`: each request's prompt) as that prompt's: the first
+    request's trace and times (a request's share of the run's wall time), each run's latency the median of its
+    requests', repeatable only where every request emitted the first's tokens and counts in every run."""
+    by_prompt: dict[str, list[Timed]] = {}
+    for pid, t in zip(prompt_ids, timed):
+        by_prompt.setdefault(pid, []).append(t)
+    merged = {}
+    for pid, requests in by_prompt.items():
+        first = requests[0]
+        same = all(r.repeatable and r.trace.tokens == first.trace.tokens
+                   and _counts(r.trace, k) == _counts(first.trace, k) for r in requests)
+        latencies = [{key: _median([r.latencies[run][key] for r in requests]) for key in first.latencies[run]}
+                     for run in range(len(first.latencies))]
+        merged[pid] = Timed(first.trace, list(first.seconds),
+                            [_median([r.first_token_seconds[run] for r in requests])
+                             for run in range(len(first.first_token_seconds))],
+                            latencies, list(first.positions), same)
+    return merged
+
+
+def _median(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None

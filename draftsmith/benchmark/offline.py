@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
 from draftsmith.benchmark.batch_spec import BatchTarget, serve_length
-from draftsmith.benchmark.interleaved import time_batch_interleaved, time_interleaved
+from draftsmith.benchmark.interleaved import per_prompt, time_batch_interleaved, time_interleaved
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers, one_at_a_time
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.spec_decode import TargetModel, divergence_gap
@@ -70,8 +70,8 @@ def check_settings(cfg: dict) -> None:
     sizes = batch_sizes(cfg, "offline")
     if min(sizes) < 1 or sizes != sorted(set(sizes)):
         raise ValueError(f"benchmark.batch_sizes (or batch_size) = {sizes}: sizes must be >= 1, ascending, no repeats")
-    for key in ("num_speculative_tokens", "max_new_tokens", "repeats"):
-        if int(cfg[key]) < 1:
+    for key in ("num_speculative_tokens", "max_new_tokens", "repeats", "load_requests_per_row"):
+        if int(cfg.get(key, 1)) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
 
 
@@ -214,13 +214,17 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             rendered[prompt["prompt_id"]] = render(prompt["messages"])
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
+    requests = {}  # per size above 1: how many requests the prompts made
     for size in [s for s in sizes if s > 1]:
-        outputs_by_size[size] = time_concurrency(size, methods, rendered, categories, cfg, engine, settings, stop_ids,
-                                                 rows, unrepeatable, variant)
+        outputs_by_size[size], requests[size] = time_concurrency(size, methods, rendered, categories, cfg, engine,
+                                                                 settings, stop_ids, rows, unrepeatable, variant)
     num_prompts = len(rendered)
 
     lossless, mismatched, divergences, size_extras = compare_outputs(outputs_by_size, methods, sizes, runner, rendered,
                                                                      dtype)
+    for size, count in requests.items():
+        for method in methods:
+            size_extras[size][method]["requests"] = count
     meta = {
         "variant": variant,
         "backend": "offline",
@@ -325,16 +329,22 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
 
 def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
                      target: BatchTarget, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
-                     unrepeatable: dict[str, list[str]], variant: str) -> dict[str, dict[str, list[int]]]:
-    """Every method on all the rendered prompts with `size` requests in flight (draftsmith.benchmark.batch_spec.serve:
-    a row takes the next prompt as its answer ends), after an untimed warm-up run of every method; each method
-    `repeats` times, interleaved. Appends the rows (and unrepeatable prompts) and returns each method's outputs by
-    prompt id."""
+                     unrepeatable: dict[str, list[str]], variant: str) -> tuple[dict[str, dict[str, list[int]]], int]:
+    """Every method on the rendered prompts with `size` requests in flight (draftsmith.benchmark.batch_spec.serve:
+    a row takes the next prompt as its answer ends), the prompts in as many whole passes as give at least
+    `benchmark.load_requests_per_row` requests a row, after an untimed warm-up run of every method; each method
+    `repeats` times, interleaved. Appends one row per prompt (its requests' tokens must agree; their latency is the
+    median of them) and the unrepeatable prompts; returns each method's outputs by prompt id, and the number of
+    requests."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
     proposers = method_proposers(methods, settings)  # their own: a hybrid counts the rounds of this size
     decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size)
     pids = list(rendered)
-    in_flight = min(size, len(pids))
+    # The prompt set in whole passes, enough that the rows stay busy: with 80 prompts at 64 in flight a single pass is
+    # mostly its ramp-down (16 refills, then fewer and fewer rows), not N requests in flight.
+    passes = -(-int(cfg.get("load_requests_per_row", 1)) * size // len(pids))
+    requests = pids * passes
+    in_flight = min(size, len(requests))
     # buffers sized for the longest prompt, and every step shape captured before timing
     length = serve_length(list(rendered.values()), max_new_tokens, k)
     for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
@@ -349,21 +359,22 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     # first `size` prompts alone left them cold, and on one H100 in bf16 the first method to meet each new prefill
     # shape paid for it: at 16 in flight, time to first token 62-65 ms for the methods that met them first, 21-22 ms
     # for those after (docs/BENCHMARKS.md, "Under load").
-    log.info("concurrency %d: %d prompts, %d requests in flight; warm-up: every method once on all of them", size,
-             len(pids), in_flight)
+    log.info("concurrency %d: %d prompts x %d passes = %d requests, %d in flight; warm-up: every method once on all "
+             "of them", size, len(pids), passes, len(requests), in_flight)
+    batch = [rendered[pid] for pid in requests]
     for decode in decoders.values():
-        decode([rendered[pid] for pid in pids])
+        decode(batch)
     outputs: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
-    timed = time_batch_interleaved(decoders, [rendered[pid] for pid in pids], repeats, 0, k)
-    for method, prompt_rows in timed.items():
-        for pid, t in zip(pids, prompt_rows):
+    timed = time_batch_interleaved(decoders, batch, repeats, 0, k)
+    for method, request_rows in timed.items():
+        for pid, t in per_prompt(request_rows, requests, k).items():
             outputs[method][pid] = t.trace.tokens
             rows.append({"variant": variant, "backend": "offline", "method": method, "prompt_id": pid,
                          "category": categories[pid], "batch_size": size, "prompt_tokens": len(rendered[pid]), **t.row(k)})
             if not t.repeatable:
                 unrepeatable[method].append(pid)
                 log.error("NOT REPEATABLE: %s on prompt %s at concurrency %d emitted other tokens or counts in a later "
-                          "run", method, pid, size)
+                          "run or request", method, pid, size)
     log.info("concurrency %d: median seconds of the whole run %s", size,
              ", ".join(f"{m} {sum(statistics.median(t.seconds) for t in ts):.3f}" for m, ts in timed.items()))
-    return outputs
+    return outputs, len(requests)
