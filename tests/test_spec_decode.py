@@ -331,7 +331,7 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
     assert captured == ({(1, q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
                         | {("prefill", 1, b, aux) for b in buckets for aux in (False, True)},
-                        {(1, n, 3) for n in (1, 4)})
+                        {(1, n, chain) for n in range(1, 5) for chain in (3, 0)})
     stop = tiny["stop"]
     lookup = BatchPromptLookupProposer(3, target.device)
     hybrid = BatchHybridProposer(lookup, proposer, min_ngram=2)

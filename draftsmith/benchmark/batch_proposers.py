@@ -104,15 +104,18 @@ class BatchEagle3Proposer:
         finally:
             rows.cache.write_slots = None
 
-    def propose(self, contexts, k: int) -> tuple[torch.Tensor, list[int]]:
-        """k chain drafts per row [B, k] (target vocabulary), and k for every row."""
+    def propose(self, contexts, k: int, chain: int | None = None) -> tuple[torch.Tensor, list[int]]:
+        """A chain of `chain` (default k) drafts per row [B, chain] (target vocabulary), and that count for every row; a
+        chain of 0 only feeds the cache the newly verified inputs (a round whose drafts come from elsewhere)."""
+        chain = k if chain is None else chain
         tokens, aux, counts = self.pending_tokens, self.pending_aux, self.counts
         rows, n = tokens.shape
         self.rows.check(n + k, "draft's")
         # n: 1 after `begin`, else the last verification's k + 1 (a prompt's inputs come in through `prefill`)
-        drafted = self.buffers.graphs.run((rows, n, k), functools.partial(self._round, k=k), tokens, aux, counts)
+        drafted = self.buffers.graphs.run((rows, n, chain), functools.partial(self._round, k=chain), tokens, aux,
+                                          counts)
         self.rows.advance(self.host_counts)
-        return drafted, [k] * rows
+        return drafted, [chain] * rows
 
     def _round(self, tokens: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, k: int) -> torch.Tensor:
         """The round's inputs (each row's first counts[row] real) written from each row's next free slot, then k
@@ -124,7 +127,7 @@ class BatchEagle3Proposer:
         all_rows = torch.arange(rows, device=tokens.device)
         hidden = out[all_rows, (counts - 1).clamp(min=0)][:, None]  # each row's last real input (a finished row: any)
         chain = verified + counts  # the chain's first slot, right after the row's verified ones
-        drafted = []
+        drafted = [tokens[:, :0]]
         for step in range(k):
             token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [B, 1], draft vocabulary
             token = token + draft.d2t[token]
@@ -148,15 +151,17 @@ class BatchEagle3Proposer:
         tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=fc.weight.device)
         aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device)
         self.rows.clear()
-        for n in (1, k + 1):  # the first round after `begin`, and every round after a verification of k drafts
-            self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
-            self.propose([], k)
+        for n in range(1, k + 2):  # 1 after `begin`; after a verification of m drafts m + 1 (the hybrid's m can be < k)
+            for chain in (k, 0):  # 0: the hybrid's rounds where every row takes prompt lookup's drafts
+                self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
+                self.propose([], k, chain)
 
 
 class BatchHybridProposer(HybridProposer):
     """HybridProposer per row (of a BatchPromptLookupProposer and a BatchEagle3Proposer): prompt lookup's drafts in the
     rows whose context's last `min_ngram` or more tokens recur, the EAGLE-3 draft's in the others (its round runs for
-    every row, chain included, keeping its cache current). `rounds` counts row-rounds."""
+    every row, keeping its cache current; its chain only where some row takes its drafts, so at batch 1 a lookup
+    round skips it). `rounds` counts row-rounds."""
 
     def begin(self, rows: int, length: int) -> None:
         self.eagle.begin(rows, length)
@@ -165,15 +170,20 @@ class BatchHybridProposer(HybridProposer):
         self.eagle.prefill(rows, ids, first, aux, starts)
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
-        """[B, k] drafts (a row's lookup drafts padded with 0 past its own count) and each row's count."""
-        drafted, counts = self.eagle.propose(contexts, k)
+        """[B, m] drafts (a row's lookup drafts padded with 0 past its own count; m = k where some row takes the draft's
+        chain, else the most lookup found) and each row's count."""
         found = [self.lookup.ngrams.candidates(row, c, k, self.min_ngram) for row, c in enumerate(contexts)]
         used = sum(1 for f in found if f)
         self.rounds["prompt_lookup"] += used
         self.rounds["eagle3"] += len(found) - used
+        everyone = used == len(found)
+        drafted, counts = self.eagle.propose(contexts, k, chain=0 if everyone else k)
         if not used:
             return drafted, counts
-        lookup = on_device([f + [0] * (k - len(f)) for f in found], drafted.device)
+        width = max(len(f) for f in found) if everyone else k  # every row's lookup: verify no wider than they found
+        lookup = on_device([f + [0] * (width - len(f)) for f in found], drafted.device)
+        if everyone:
+            return lookup, [len(f) for f in found]
         rows = on_device([int(bool(f)) for f in found], drafted.device).bool()
         return torch.where(rows[:, None], lookup, drafted), [len(f) or c for f, c in zip(found, counts)]
 
