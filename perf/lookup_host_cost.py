@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from draftsmith.benchmark.proposers import ContextNgrams, prompt_lookup_candidates
+from draftsmith.decoding.ngrams import ContextNgrams, prompt_lookup_candidates
 from perf.common import commit, parser, write_table
 
 VOCAB = 49152

@@ -303,7 +303,7 @@ PIPELINE_FIXTURES = {"pipeline_run", "up_to_date_run", "run_copy", "default_run"
 # file as it frees up; a worker that started on a file needing that run would wait on its lock while the first
 # builds it (about two minutes). Files not named follow in collection order.
 START_ORDER = ["test_rebuilds.py", "test_compiling.py", "test_batch_decoding.py", "test_pipeline.py", "test_preflight.py",
-               "test_gguf_target.py", "test_profiles.py", "test_training.py", "test_batch_spec.py", "test_spec_decode.py",
+               "test_gguf_target.py", "test_profiles.py", "test_training.py", "test_serve.py", "test_decoding.py",
                "test_faults.py", "test_provenance.py", "test_online_states.py", "test_validate.py",
                "test_results_lock.py", "test_learning_curve.py", "test_progress.py", "test_readme.py", "test_report.py",
                "test_engine_pipeline.py", "test_regenerate_engine.py", "test_vllm_engine.py", "test_ragged_attention.py"]

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from draftsmith.benchmark.results import write_results
-from draftsmith.benchmark.spec_decode import Trace, cut_output
+from draftsmith.decoding.trace import Trace, cut_output
 
 K = 3
 

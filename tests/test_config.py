@@ -352,7 +352,7 @@ def test_the_offline_benchmark_takes_a_sweep_and_refuses_nonsense_before_loading
     cfg = {**section_defaults("benchmark"), "num_speculative_tokens": 3, "methods": ["target_greedy", "eagle3_draft"]}
     check_settings(cfg)
     check_settings({**cfg, "batch_sizes": [1]})
-    check_settings({**cfg, "batch_sizes": [1, 4]})  # batched offline decoding (draftsmith.benchmark.batch_spec)
+    check_settings({**cfg, "batch_sizes": [1, 4]})  # batched offline decoding (draftsmith.decoding.engine)
     check_settings({**cfg, "batch_size": 4})  # one size, 4
     for sizes in ([0, 2], [4, 1], [2, 2]):
         with pytest.raises(ValueError, match=r"benchmark.batch_sizes \(or batch_size\) = .*: sizes must be >= 1"):

@@ -1,18 +1,18 @@
 """The offline benchmark's methods: per drafting method, how its proposer is built (`PROPOSERS`: a new method is its
 proposer class and one entry here, plus its name in draftsmith.benchmark.results.METHODS, the tables' order), and
-per method a function that decodes prompts with it: the engine's (draftsmith.benchmark.batch_spec.serve, N requests
-in flight; `one_at_a_time` for batch 1) or the eager reference's (draftsmith.benchmark.spec_decode, one prompt). The
+per method a function that decodes prompts with it: the engine's (draftsmith.decoding.engine.serve, N requests
+in flight; `one_at_a_time` for batch 1) or the eager reference's (draftsmith.decoding.reference, one prompt). The
 baseline, target-only greedy, has no proposer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
-from draftsmith.benchmark.batch_spec import NoDrafts, serve
-from draftsmith.benchmark.proposers import Eagle3Proposer, HybridProposer, PromptLookupProposer
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
+from draftsmith.decoding.engine import NoDrafts, serve
+from draftsmith.decoding.reference import Eagle3Proposer, HybridProposer, PromptLookupProposer
 from draftsmith.benchmark.results import BASELINE
-from draftsmith.benchmark.spec_decode import greedy_decode, speculative_decode
+from draftsmith.decoding.reference import greedy_decode, speculative_decode
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ target's greedy output; the summary records that per method as `lossless`. A pro
 `follow_up` (MT-Bench's second turn) is followed by that turn, asked after the target's own greedy
 answer to the first; its rows carry the prompt id with `_turn2` appended.
 
-Every method decodes through the engine (draftsmith.benchmark.batch_spec.serve; its proposers and decoders:
+Every method decodes through the engine (draftsmith.decoding.engine.serve; its proposers and decoders:
 draftsmith.benchmark.methods), at batch 1 as under load; a target whose masks draftsmith cannot build (sliding windows,
-non-SDPA attention) decodes through the eager reference loops instead (draftsmith.benchmark.spec_decode), batch 1 only.
+non-SDPA attention) decodes through the eager reference loops instead (draftsmith.decoding.reference), batch 1 only.
 
 Timing: after an untimed warm-up (on a CUDA device the capture of every step shape, then every method once on the
 first prompt), each prompt is decoded `benchmark.repeats` times by every method, the methods interleaved: run r
@@ -40,12 +40,13 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
-from draftsmith.benchmark.batch_spec import BatchTarget, serve_length
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+from draftsmith.decoding.engine import BatchTarget, serve_length
 from draftsmith.benchmark.interleaved import per_prompt, time_batch_interleaved, time_interleaved
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers, one_at_a_time
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
-from draftsmith.benchmark.spec_decode import TargetModel, divergence_gap
+from draftsmith.decoding.target import TargetModel
+from draftsmith.benchmark.divergence import divergence_gap
 from draftsmith.benchmark.step_costs import measure_step_costs
 from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
@@ -330,7 +331,7 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
 def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
                      target: BatchTarget, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
                      unrepeatable: dict[str, list[str]], variant: str) -> tuple[dict[str, dict[str, list[int]]], int]:
-    """Every method on the rendered prompts with `size` requests in flight (draftsmith.benchmark.batch_spec.serve:
+    """Every method on the rendered prompts with `size` requests in flight (draftsmith.decoding.engine.serve:
     a row takes the next prompt as its answer ends), the prompts in as many whole passes as give at least
     `benchmark.load_requests_per_row` requests a row, after an untimed warm-up run of every method; each method
     `repeats` times, interleaved. Appends one row per prompt (its requests' tokens must agree; their latency is the

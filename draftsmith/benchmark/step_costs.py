@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
-from draftsmith.benchmark.batch_spec import BatchTarget, serve_length
-from draftsmith.benchmark.spec_decode import synchronize
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+from draftsmith.decoding.engine import BatchTarget, serve_length
+from draftsmith.decoding.trace import synchronize
 
 REPEATS = 20
 

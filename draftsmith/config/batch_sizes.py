@@ -4,7 +4,7 @@
 `concurrency` (vllm: requests in flight) or `batch_size` (offline). Given, it replaces both, which must then be left
 at 1 (draftsmith.config.workflow says so, naming file and key). The vllm backend sweeps its requests in flight over
 the sizes, every method at every size against one server per method; the offline backend decodes the prompts one at
-a time at size 1 and B at a time at a size B above it (draftsmith.benchmark.batch_spec), every method at every size.
+a time at size 1 and B at a time at a size B above it (draftsmith.decoding.engine), every method at every size.
 
 What a summary holds per size (`per_batch_size`, `pays_up_to`) is draftsmith.benchmark.results'.
 This module imports nothing heavy: the workflow reads it while it builds the DAG, and config checks it.

@@ -126,7 +126,7 @@ class BatchKV:
     itself), a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
     slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs),
     and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the first `span` slots through
-    the caller's mask: the engine's rounds, draftsmith.benchmark.batch_spec).
+    the caller's mask: the engine's rounds, draftsmith.decoding.engine).
     """
 
     def __init__(self, rows: int, length: int):

@@ -6,7 +6,8 @@ EAGLE-3 draft runs twelve of them: about a third of its kernels. PyTorch's `rms_
 (the same arithmetic in float, rounded once instead of twice; its composite elsewhere). The rotary embedding computes
 cos and sin from the position ids in each forward (about ten kernels); a table of every position's, computed once by
 the same module, is two lookups with the same values. Only the draft changes: the target runs its own code in the
-baseline and in verification alike.
+baseline and in verification alike. Here too: the draft's decoder layers as every decoder runs them (`draft_layers`,
+with SDPA and a KV cache: `use_sdpa`).
 """
 
 from __future__ import annotations
@@ -81,3 +82,24 @@ def fewer_kernels(draft: torch.nn.Module) -> None:
     """The draft as the benchmark's proposers decode with it: fused norms, a rotary table."""
     fuse_rms_norms(draft)
     tabulate_rotary(draft)
+
+
+def use_sdpa(draft) -> None:
+    """Decode with SDPA and a KV cache; the checkpoint's layer config asks for speculators' FlexAttention (training)."""
+    draft.config.transformer_layer_config._attn_implementation = "sdpa"
+    for layer in draft.layers:
+        layer.self_attn.config._attn_implementation = "sdpa"
+
+
+def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                 cache_position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+    """The draft's decoder layers on `cat(embed(token_ids), hidden)` ([B, n], [B, n, H]) at `position_ids` ([B, n]),
+    the caller's `mask` and cache (`cache_position`: where a static cache writes). Returns the last layer's output
+    before `norm` ([B, n, H])."""
+    states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
+    position_embeddings = draft.rotary_emb(states, position_ids)
+    for layer in draft.layers:
+        states = layer(states, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                       use_cache=cache is not None, cache_position=cache_position,
+                       position_embeddings=position_embeddings)
+    return states

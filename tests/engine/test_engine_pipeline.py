@@ -231,7 +231,8 @@ def test_vllm_counters_equal_the_offline_benchmark_prompt_by_prompt(run):
 
 
 def test_vllm_output_with_the_draft_equals_greedy_decoding(run):
-    from draftsmith.benchmark.spec_decode import TargetModel, greedy_decode
+    from draftsmith.decoding.target import TargetModel
+    from draftsmith.decoding.reference import greedy_decode
     from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
     results = run / "results"

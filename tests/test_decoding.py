@@ -16,19 +16,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
-from draftsmith.benchmark.batch_spec import BatchTarget, NoDrafts, serve
-from draftsmith.benchmark.proposers import (
-    ContextNgrams,
-    Eagle3Proposer,
-    HybridProposer,
-    NgramIndex,
-    PromptLookupProposer,
-    draft_layers_forward,
-    prompt_lookup_candidates,
-    use_sdpa,
-)
-from draftsmith.benchmark.spec_decode import TargetModel, greedy_decode, speculative_decode
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
+from draftsmith.decoding.engine import BatchTarget, NoDrafts, serve
+from draftsmith.decoding.ngrams import ContextNgrams, NgramIndex, prompt_lookup_candidates
+from draftsmith.decoding.reference import Eagle3Proposer, HybridProposer, PromptLookupProposer, draft_layers_forward
+from draftsmith.decoding.draft_kernels import use_sdpa
+from draftsmith.decoding.target import TargetModel
+from draftsmith.decoding.reference import greedy_decode, speculative_decode
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary
@@ -508,7 +502,7 @@ def test_generation_stops_at_eos_and_at_max_new_tokens(tiny):
 
 
 def test_a_divergence_from_greedy_is_located_and_sized(tiny):
-    from draftsmith.benchmark.spec_decode import divergence_gap, first_divergence
+    from draftsmith.benchmark.divergence import divergence_gap, first_divergence
 
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 5, 3], [1, 2, 3]) == 1

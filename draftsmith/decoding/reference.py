@@ -1,83 +1,96 @@
-"""The proposers of the reference loop (draftsmith.benchmark.spec_decode, batch 1, eager): prompt lookup (n-gram drafts
-copied from the context), EAGLE-3 chain drafts, and the hybrid of the two; the engine's (draftsmith.benchmark.
-batch_proposers) are these for rows in flight. A proposer has `needs_aux` (whether it reads the target's auxiliary
-hidden states), `start(next_tokens, aux)` (the prompt), `propose(context, k)` (up to k drafted tokens, on the device)
-and `accept(next_tokens, aux)` (what the target verified).
+"""The eager reference decoder: batch-1 greedy and speculative loops over transformers' DynamicCache, and their
+proposers (prompt lookup, EAGLE-3 chain drafts, the hybrid of the two).
 
-EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`):
-draft position t reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and
-predicts x[t+2]; each further chain step feeds the embedding of the token just drafted with
-the draft's own last-layer output (before `norm`) at the next position id, attending to the
-verified context and to its own chain. Draft token d maps to target token d + d2t[d].
+The engine (draftsmith.decoding.engine.serve) decodes at batch 1 and under load alike over static caches and CUDA
+graphs. These loops are its reference: the tests hold its tokens and its accepted drafts equal to theirs, and the
+offline benchmark runs them for a target whose masks draftsmith cannot build (sliding windows, non-SDPA attention).
+
+Speculative round (temperature 0): the proposer drafts up to k tokens; the target runs once over [last token, drafts]
+with its KV cache; drafts are accepted while they equal the target's argmax, and the target's own token at the first
+mismatch (or after the last draft) is appended as the bonus token. Every emitted token is the target's argmax, so the
+output equals target-only greedy decoding up to floating-point ties.
+
+A proposer has `needs_aux` (whether it reads the target's auxiliary hidden states), `start(next_tokens, aux)` (the
+prompt), `propose(context, k)` (up to k drafted tokens, on the device) and `accept(next_tokens, aux)` (what the target
+verified). EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`): draft position t
+reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and predicts x[t+2]; each further chain step
+feeds the embedding of the token just drafted with the draft's own last-layer output (before `norm`) at the next
+position id, attending to the verified context and to its own chain. Draft token d maps to target token d + d2t[d].
 """
 
 from __future__ import annotations
 
-import numpy as np
+import time
+
 import torch
 from transformers import DynamicCache
 
-from draftsmith.benchmark.spec_decode import causal_mask
 from draftsmith.decoding import draft_kernels
+from draftsmith.decoding.draft_kernels import draft_layers, use_sdpa
+from draftsmith.decoding.ngrams import ContextNgrams
+from draftsmith.decoding.target import TargetModel, causal_mask
+from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
+
+@torch.inference_mode()
+def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> Trace:
+    """Target-only greedy decoding, one target forward per token."""
+    device = target.device
+    synchronize(device)
+    start = time.perf_counter()
+    logits, _ = target.start(prompt_ids)
+    next_token = logits[-1].argmax()
+    tokens = [int(next_token)]  # the host must see each token to apply the stopping rule
+    first_token_seconds = time.perf_counter() - start
+    while not answer_done(tokens, tokens[-1:], max_new_tokens, stop_ids):
+        logits, _ = target.forward(next_token.view(1, 1), keep=1)
+        next_token = logits[-1].argmax()
+        tokens.append(int(next_token))
+    synchronize(device)
+    return Trace(tokens=tokens, target_forwards=len(tokens), seconds=time.perf_counter() - start,
+                 first_token_seconds=first_token_seconds)
 
 
-def prompt_lookup_candidates(context: list[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
-    """Up to k tokens that followed the earliest earlier occurrence of the context's last n tokens,
-    trying the longest n (<= max_ngram) first, down to min_ngram; [] when no such n-gram recurs. A scan of the whole
-    context: the definition that the proposers' incremental NgramIndex is tested against."""
-    tokens = np.asarray(context)
-    length = len(tokens)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # starts 0..length-1-n
-        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[0]) + n
-            return list(context[start : start + k])
-    return []
-
-
-class NgramIndex:
-    """The earliest start of every n-gram (n <= max_ngram) of a growing token sequence: `candidates` answers what
-    prompt_lookup_candidates answers on the same tokens, in time of the tokens added since the last call rather than
-    a scan of the whole context (at 64 rows a scan a row took milliseconds of host time a round)."""
-
-    def __init__(self, max_ngram: int):
-        self.max_ngram = max_ngram
-        self.tokens: list[int] = []
-        self.first: list[dict] = [{} for _ in range(max_ngram + 1)]  # n -> {n-gram: its earliest start}
-
-    def extend(self, tokens: list[int]) -> None:
-        old = len(self.tokens)
-        self.tokens += tokens
-        for n in range(1, self.max_ngram + 1):  # the windows that end before the last token, as the scan's
-            first, seq = self.first[n], self.tokens
-            for start in range(max(0, old - n), len(seq) - n):
-                first.setdefault(tuple(seq[start: start + n]), start)
-
-    def candidates(self, k: int, min_ngram: int = 1) -> list[int]:
-        seq = self.tokens
-        for n in range(min(self.max_ngram, len(seq) - 1), min_ngram - 1, -1):
-            start = self.first[n].get(tuple(seq[len(seq) - n:]))
-            if start is not None:
-                return seq[start + n: start + n + k]
-        return []
-
-
-class ContextNgrams:
-    """Each slot's NgramIndex (a slot: a batch row, or 0), kept for the context list the slot was last asked about:
-    the decoding loops extend a context in place and give a new request a new list, which starts a new index."""
-
-    def __init__(self, max_ngram: int):
-        self.max_ngram = max_ngram
-        self._held: dict[int, tuple[list[int], NgramIndex]] = {}
-
-    def candidates(self, slot: int, context: list[int], k: int, min_ngram: int = 1) -> list[int]:
-        held = self._held.get(slot)
-        if held is None or held[0] is not context or len(context) < len(held[1].tokens):
-            held = self._held[slot] = (context, NgramIndex(self.max_ngram))
-        index = held[1]
-        index.extend(context[len(index.tokens):])
-        return index.candidates(k, min_ngram)
+@torch.inference_mode()
+def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: int, max_new_tokens: int,
+                       stop_ids: set[int]) -> Trace:
+    """Greedy speculative decoding with `proposer` (one of the proposers below)."""
+    if k < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+    device = target.device
+    synchronize(device)
+    start = time.perf_counter()
+    logits, aux = target.start(prompt_ids, with_aux=proposer.needs_aux)
+    prompt = torch.tensor(prompt_ids, device=device)
+    last = logits[-1].argmax().view(1)
+    tokens = [int(last)]
+    trace = Trace(tokens=tokens, target_forwards=1, first_token_seconds=time.perf_counter() - start)
+    context = list(prompt_ids) + tokens  # host copy for n-gram lookup
+    proposer.start(torch.cat([prompt[1:], last]), aux)
+    done = answer_done(tokens, tokens, max_new_tokens, stop_ids)
+    while not done:
+        draft = proposer.propose(context, k)
+        m = int(draft.shape[0])
+        logits, aux = target.forward(torch.cat([last, draft]).view(1, -1), keep=m + 1, with_aux=proposer.needs_aux)
+        trace.target_forwards += 1
+        verified = logits.argmax(-1)  # [m + 1]: the target's token after each input position
+        both = torch.cat([draft, verified]).tolist()  # the one host sync of the round
+        drafted, target_tokens = both[:m], both[m:]
+        accepted = 0
+        while accepted < m and drafted[accepted] == target_tokens[accepted]:
+            accepted += 1
+        new = target_tokens[: accepted + 1]
+        trace.proposed.append(m)
+        trace.accepted.append(accepted)
+        tokens += new
+        context += new
+        target.rewind(len(prompt_ids) + len(tokens) - 1)  # keep everything but the bonus token
+        last = verified[accepted : accepted + 1]
+        proposer.accept(verified[: accepted + 1], aux[:, : accepted + 1] if aux is not None else None)
+        done = answer_done(tokens, new, max_new_tokens, stop_ids)
+    synchronize(device)
+    trace.seconds = time.perf_counter() - start
+    trace.tokens = cut_output(tokens, max_new_tokens, stop_ids)
+    return trace
 
 
 class PromptLookupProposer:
@@ -102,13 +115,6 @@ class PromptLookupProposer:
         pass
 
 
-def use_sdpa(draft) -> None:
-    """Decode with SDPA and a KV cache; the checkpoint's layer config asks for speculators' FlexAttention (training)."""
-    draft.config.transformer_layer_config._attn_implementation = "sdpa"
-    for layer in draft.layers:
-        layer.self_attn.config._attn_implementation = "sdpa"
-
-
 def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, cache: DynamicCache | None = None,
                          ) -> torch.Tensor:
     """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) after the `cache`'s
@@ -118,20 +124,6 @@ def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, c
     slots = torch.arange(past, past + n, device=hidden.device)
     mask = causal_mask(past, n, hidden.device) if past + n > 1 else None
     return draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
-
-
-def draft_layers(draft, token_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                 cache_position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
-    """The draft's decoder layers on `cat(embed(token_ids), hidden)` ([B, n], [B, n, H]) at `position_ids` ([B, n]),
-    the caller's `mask` and cache (`cache_position`: where a static cache writes). Returns the last layer's output
-    before `norm` ([B, n, H])."""
-    states = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
-    position_embeddings = draft.rotary_emb(states, position_ids)
-    for layer in draft.layers:
-        states = layer(states, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                       use_cache=cache is not None, cache_position=cache_position,
-                       position_embeddings=position_embeddings)
-    return states
 
 
 class Eagle3Proposer:

@@ -1,7 +1,7 @@
-"""Batched greedy and speculative decoding (draftsmith.benchmark.batch_spec) must give every row its batch-1 greedy
+"""Batched greedy and speculative decoding (draftsmith.decoding.engine) must give every row its batch-1 greedy
 output exactly (float32, CPU), whatever else shares the batch: prompts of different lengths, rows that stop early.
 
-The tiny target and drafts are test_spec_decode's fixture (hidden 64, 6 layers, an untrained and a briefly trained
+The tiny target and drafts are test_decoding's fixture (hidden 64, 6 layers, an untrained and a briefly trained
 EAGLE-3 draft)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import dataclasses
 import json
 
 import pytest
-import test_spec_decode as spec_tests
+import test_decoding as spec_tests
 import torch
 
-from draftsmith.benchmark.batch_proposers import BatchEagle3Proposer
-from draftsmith.benchmark.batch_spec import BatchTarget, NoDrafts, serve
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+from draftsmith.decoding.engine import BatchTarget, NoDrafts, serve
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
-from draftsmith.benchmark.spec_decode import greedy_decode
+from draftsmith.decoding.reference import greedy_decode
 from draftsmith.decoding.static_cache import prompt_bucket
 
 tiny = spec_tests.tiny  # the module-scoped fixture, built once for this module too
@@ -212,7 +212,7 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
 @pytest.mark.parametrize("concurrency", [2, 3])
 def test_prefills_padded_to_buckets_and_replayed_give_the_same_outputs(tiny, concurrency):
     """With CUDA graphs a refill's prompts are left-padded to their bucket and the prefill is replayed from a capture
-    per (rows, width). Here on the CPU through the recorder (test_spec_decode.EagerStepRecorder, a mock of the
+    per (rows, width). Here on the CPU through the recorder (test_decoding.EagerStepRecorder, a mock of the
     capture, named as such: CI has no GPU) that keeps each shape's first inputs at fixed addresses, as a graph does:
     every request still gets its batch-1 greedy output, and the prefills come in a few padded widths."""
     prompts, stop = batch_of(tiny, 5)
@@ -232,7 +232,7 @@ def test_a_prompt_s_requests_merge_into_one_row_and_must_agree():
     """per_prompt: the requests of one prompt (a load run's passes) become its row: the first's trace and times, each
     run's latency the median of the requests', repeatable only where every request emitted the same tokens."""
     from draftsmith.benchmark.interleaved import Timed, per_prompt
-    from draftsmith.benchmark.spec_decode import Trace
+    from draftsmith.decoding.trace import Trace
 
     def timed(tokens, ttft):
         trace = Trace(tokens=tokens, target_forwards=len(tokens), seconds=0.5, ttft_seconds=ttft, tpot_seconds=0.01)

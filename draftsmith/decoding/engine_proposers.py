@@ -1,5 +1,5 @@
-"""The proposers of decoding under load (draftsmith.benchmark.batch_spec.serve), each the batch-1 proposer of
-draftsmith.benchmark.proposers for N rows: `begin(rows, length)` (no request yet), `prefill(rows, ids, first, aux,
+"""The engine's proposers (draftsmith.decoding.engine.serve), each the reference proposer of
+draftsmith.decoding.reference for N rows in flight: `begin(rows, length)` (no request yet), `prefill(rows, ids, first, aux,
 starts)` (the rows that take new requests), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each
 row's count) and `accept(next_tokens, aux, counts)` (what the target verified, per row).
 
@@ -17,10 +17,10 @@ import functools
 
 import torch
 
-from draftsmith.benchmark.batch_spec import RowBufferSet
-from draftsmith.benchmark.proposers import HybridProposer, PromptLookupProposer, draft_layers, use_sdpa
 from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
-from draftsmith.decoding.draft_kernels import fewer_kernels
+from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels, use_sdpa
+from draftsmith.decoding.engine import RowBufferSet
+from draftsmith.decoding.reference import HybridProposer, PromptLookupProposer
 
 
 class BatchPromptLookupProposer(PromptLookupProposer):

@@ -1,8 +1,8 @@
-"""The offline benchmark's decoding engine: N requests in flight (N = 1 at batch 1), each row taking the next prompt as
+"""The decoding engine of the offline benchmark: N requests in flight (N = 1 at batch 1), each row taking the next prompt as
 soon as its answer ends (refill), target-only greedy and speculative decoding alike.
 
 `serve` decodes N rows over one static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per
-request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.benchmark.spec_decode), so a
+request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.decoding.reference), so a
 row's output is comparable token for token with the reference's.
 
 Layout: a request's prompt is left-padded into its row (`starts`: the slot where it begins) to the width of the
@@ -30,7 +30,7 @@ rows' slots from device buffers and writes nothing but the KV cache at them, so 
 warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its own copy of
 them. A prefill is padded to its width's bucket and replayed per (rows, width); on a CPU everything runs eagerly, where
 the tests check the same code. The proposers for rows in flight (prompt lookup, EAGLE-3, the hybrid) are
-draftsmith.benchmark.batch_proposers; `NoDrafts` here is target-only greedy.
+draftsmith.decoding.engine_proposers; `NoDrafts` here is target-only greedy.
 
 Timing, as a server's client sees it: the run's wall time is shared by its requests (`seconds`: wall time over the
 requests, so a method's summed seconds are the run's wall time and its tokens/s the throughput); per request, the time
@@ -44,7 +44,8 @@ import time
 
 import torch
 
-from draftsmith.benchmark.spec_decode import TargetModel, Trace, answer_done, cut_output, synchronize
+from draftsmith.decoding.target import TargetModel
+from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
 from draftsmith.decoding.batch_kv import (
     BatchKV,
     attention_configs,
