@@ -1,2 +1,2 @@
-"""Decoding over a static KV cache, shared by the benchmark (batch-1 and batched speculative loops) and regenerate (batched
-answers with continuous refill): fixed-address state that CUDA graphs can replay, and the same code eager on a CPU."""
+"""The decoders: the benchmark's engine (`engine`, `engine_proposers`: N requests in flight, batch 1 included), its
+eager reference (`reference`), regenerate's batched sampler (`batch`), and what they share (cache, graphs, target)."""
