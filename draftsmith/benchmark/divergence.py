@@ -9,6 +9,7 @@ import torch
 
 from draftsmith.decoding.target import TargetModel
 
+
 def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
     """The first position where `tokens` differs from `reference` (None: neither leaves the other)."""
     for i, (a, b) in enumerate(zip(tokens, reference)):

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
-from draftsmith.decoding.engine import NoDrafts, serve
-from draftsmith.decoding.reference import Eagle3Proposer, HybridProposer, PromptLookupProposer
 from draftsmith.benchmark.results import BASELINE
-from draftsmith.decoding.reference import greedy_decode, speculative_decode
+from draftsmith.decoding.engine import NoDrafts, serve
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
+from draftsmith.decoding.reference import (
+    Eagle3Proposer,
+    HybridProposer,
+    PromptLookupProposer,
+    greedy_decode,
+    speculative_decode,
+)
 
 
 @dataclass(frozen=True)

@@ -40,16 +40,16 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
-from draftsmith.decoding.engine import BatchTarget, serve_length
+from draftsmith.benchmark.divergence import divergence_gap
 from draftsmith.benchmark.interleaved import per_prompt, time_batch_interleaved, time_interleaved
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers, one_at_a_time
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
-from draftsmith.decoding.target import TargetModel
-from draftsmith.benchmark.divergence import divergence_gap
 from draftsmith.benchmark.step_costs import measure_step_costs
 from draftsmith.config.batch_sizes import batch_sizes
+from draftsmith.decoding.engine import BatchTarget, serve_length
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
+from draftsmith.decoding.target import TargetModel
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.draft_model import build_draft, load_draft
 from draftsmith.provenance import device_description, package_versions
@@ -155,17 +155,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         # buffers sized for the longest prompt (a second turn adds an answer), every step shape captured
         longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
         longest += max_new_tokens + 64 if any("follow_up" in p for p in prompts) else 0
-        length = serve_length([[0] * longest], max_new_tokens, k)
-        drafts = [p for p in proposers.values() if isinstance(p, BatchEagle3Proposer)]
-        engine.reserve(1, length)
-        engine.capture(1, k, longest)
-        for draft in drafts:
-            draft.reserve(1, length)
-            draft.capture(1, k)
-        if graphs:
-            log.info("captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads the "
-                     "first %d or a multiple, as its sequences need)", len(engine.buffers.graphs.steps),
-                     "+".join(str(len(p.buffers.graphs.steps)) for p in drafts), engine.rows.cache.length, SPAN_GRANULE)
+        prepare_engine(engine, proposers, 1, serve_length([[0] * longest], max_new_tokens, k), k, longest)
     else:
         engine = runner
         decoders = method_decoders(methods, runner, proposers, k, max_new_tokens, stop_ids)
@@ -264,6 +254,22 @@ def log_tuning(name: str, graphs) -> None:
         log.info("%s step %s: %s (ms per replay: %s)", name, key, name_chosen, times)
 
 
+def prepare_engine(target: BatchTarget, proposers: dict, rows: int, length: int, k: int,
+                   longest_prompt: int | None = None) -> None:
+    """The engine's buffers for `rows` rows of `length` slots (sized for the longest prompt), and every step shape
+    captured before timing: the target's (and, given the longest prompt, its one-row prefills) and each draft's."""
+    drafts = [p for p in proposers.values() if isinstance(p, BatchEagle3Proposer)]
+    target.reserve(rows, length)
+    target.capture(rows, k, longest_prompt)
+    for draft in drafts:
+        draft.reserve(rows, length)
+        draft.capture(rows, k)
+    if target.buffers.graphs.enabled:
+        log.info("%d rows: captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads the "
+                 "first %d or a multiple, as its rows need)", rows, len(target.buffers.graphs.steps),
+                 "+".join(str(len(p.buffers.graphs.steps)) for p in drafts), target.rows.cache.length, SPAN_GRANULE)
+
+
 def engine_step_graphs(target, proposers: dict) -> dict:
     """The engine's captured steps by owner: the target's (keyed by rows, tokens, logits kept, auxiliary states,
     span) and each draft's rounds (keyed by rows, newly verified positions, k); none for the reference loops."""
@@ -346,15 +352,7 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     passes = -(-int(cfg.get("load_requests_per_row", 1)) * size // len(pids))
     requests = pids * passes
     in_flight = min(size, len(requests))
-    # buffers sized for the longest prompt, and every step shape captured before timing
-    length = serve_length(list(rendered.values()), max_new_tokens, k)
-    for model in [target, *(p for p in proposers.values() if isinstance(p, BatchEagle3Proposer))]:
-        model.reserve(in_flight, length)
-        model.capture(in_flight, k)
-    if settings.cuda_graphs:
-        log.info("concurrency %d: captured %d target steps and %s draft rounds", size, len(target.buffers.graphs.steps),
-                 "+".join(str(len(p.buffers.graphs.steps)) for p in proposers.values()
-                          if isinstance(p, BatchEagle3Proposer)))
+    prepare_engine(target, proposers, in_flight, serve_length(list(rendered.values()), max_new_tokens, k), k)
     # The warm-up is a whole run of every method: the timed runs then refill with prefills of shapes (rows, width) the
     # warm-up already ran (greedy decoding is deterministic: the rows come free in the same order). A warm-up on the
     # first `size` prompts alone left them cold, and on one H100 in bf16 the first method to meet each new prefill

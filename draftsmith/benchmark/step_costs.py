@@ -23,12 +23,10 @@ from draftsmith.decoding.trace import synchronize
 REPEATS = 20
 
 
-def median_ms(fn, device, repeats: int = REPEATS, reset=None) -> float:
+def median_ms(fn, device, repeats: int = REPEATS) -> float:
     """Median ms of `repeats` calls of `fn` after one warm-up call (where a graph is captured), each synchronised on
-    its own; `reset()`, untimed, after every call (e.g. a cache rewound to where the calls start)."""
-    reset = reset or (lambda: None)
+    its own."""
     fn()
-    reset()
     times = []
     for _ in range(repeats):
         synchronize(device)
@@ -36,7 +34,6 @@ def median_ms(fn, device, repeats: int = REPEATS, reset=None) -> float:
         fn()
         synchronize(device)
         times.append(time.perf_counter() - start)
-        reset()
     return 1000 * statistics.median(times)
 
 
@@ -51,13 +48,9 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
     ids, starts, logits, aux = target.prefill([0], [prompt_ids], with_aux=True)
     token = logits.argmax(-1)
     proposer.prefill([0], ids, token, aux, starts)
-    cached = target.rows.host_lengths[0]
     aux_last = aux[:, -1:].clone()  # the target's outputs are rewritten by its steps
 
-    def rewind():
-        target.rows.admit([0], starts, cached)
-
-    def target_step():
+    def target_step():  # the engine's forward writes at the row's next slot and leaves it there: every call alike
         target.forward(token[:, None])[0].argmax().item()
 
     def verify_step():
@@ -69,8 +62,8 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
         proposer.accept(token[:, None], aux_last, [1])
         proposer.propose([], k)[0].tolist()
 
-    target_ms = median_ms(target_step, target.device, reset=rewind)
-    verify_ms = median_ms(verify_step, target.device, reset=rewind)
+    target_ms = median_ms(target_step, target.device)
+    verify_ms = median_ms(verify_step, target.device)
     draft_ms = median_ms(draft_round, target.device) / k
     return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
             "cost_ratio": draft_ms / target_ms}

@@ -44,8 +44,6 @@ import time
 
 import torch
 
-from draftsmith.decoding.target import TargetModel
-from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
 from draftsmith.decoding.batch_kv import (
     BatchKV,
     attention_configs,
@@ -57,6 +55,8 @@ from draftsmith.decoding.batch_kv import (
     row_mask,
 )
 from draftsmith.decoding.static_cache import SPAN_GRANULE, StepGraphs, attention_span, prompt_bucket, prompt_buckets
+from draftsmith.decoding.target import TargetModel
+from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
 
 CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
 PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape

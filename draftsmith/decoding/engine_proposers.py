@@ -44,7 +44,7 @@ class BatchPromptLookupProposer(PromptLookupProposer):
 
 
 class BatchEagle3Proposer:
-    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (proposers.Eagle3Proposer, batched).
+    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (reference.Eagle3Proposer, batched).
 
     Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
     pending inputs of the next round (the newly verified tokens and the target's states before them) and how many

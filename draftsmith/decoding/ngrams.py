@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 def prompt_lookup_candidates(context: list[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
     """Up to k tokens that followed the earliest earlier occurrence of the context's last n tokens,
     trying the longest n (<= max_ngram) first, down to min_ngram; [] when no such n-gram recurs. A scan of the whole

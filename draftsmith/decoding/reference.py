@@ -26,10 +26,10 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.decoding import draft_kernels
-from draftsmith.decoding.draft_kernels import draft_layers, use_sdpa
 from draftsmith.decoding.ngrams import ContextNgrams
 from draftsmith.decoding.target import TargetModel, causal_mask
 from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
+
 
 @torch.inference_mode()
 def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> Trace:
@@ -115,15 +115,15 @@ class PromptLookupProposer:
         pass
 
 
-def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor, cache: DynamicCache | None = None,
-                         ) -> torch.Tensor:
+def draft_layers_forward(draft, token_ids: torch.Tensor, hidden: torch.Tensor,
+                         cache: DynamicCache | None = None) -> torch.Tensor:
     """Run the draft's decoder layers on `cat(embed(token_ids), hidden)` ([1, n] and [1, n, H]) after the `cache`'s
     positions (none without one), at position ids one more than their slots (EAGLE-3's shift), causal: each attends
     to the cache and to those before it. Returns the last layer's output before `norm` ([1, n, H])."""
     n, past = token_ids.shape[1], cache.get_seq_length() if cache is not None else 0
     slots = torch.arange(past, past + n, device=hidden.device)
     mask = causal_mask(past, n, hidden.device) if past + n > 1 else None
-    return draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
+    return draft_kernels.draft_layers(draft, token_ids, hidden, (slots + 1).unsqueeze(0), slots, mask, cache)
 
 
 class Eagle3Proposer:
@@ -136,9 +136,9 @@ class Eagle3Proposer:
     needs_aux = True
 
     def __init__(self, draft, fewer_kernels: bool = True):
-        use_sdpa(draft)
+        draft_kernels.use_sdpa(draft)
         if fewer_kernels:
-            draft_kernels.fewer_kernels(draft)
+            draft_kernels.fewer_kernels(draft)  # the module: the parameter takes its name
         self.draft = draft
 
     def start(self, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
@@ -146,16 +146,12 @@ class Eagle3Proposer:
         self.cache = DynamicCache()
         self.pending_tokens, self.pending_aux = next_tokens.view(1, -1), aux
 
-    @property
-    def verified(self) -> int:
-        return self.cache.get_seq_length()
-
     def propose(self, context: list[int], k: int, chain: int | None = None) -> torch.Tensor:
         """Up to k drafts: the newly verified inputs into the cache, then a chain of `chain` (default k) drafts; a
         chain of 0 only feeds the cache (a round whose drafts come from elsewhere: the hybrid's)."""
         draft, chain = self.draft, k if chain is None else chain
         hidden = draft_layers_forward(draft, self.pending_tokens, draft.fc(self.pending_aux), self.cache)[:, -1:]
-        verified, drafted = self.verified, []
+        verified, drafted = self.cache.get_seq_length(), []
         for step in range(chain):
             token = draft.lm_head(draft.norm(hidden)).argmax(-1)  # [1, 1], draft vocabulary
             token = token + draft.d2t[token]

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
 from draftsmith.target_model.layers import find_decoder
 
+
 def causal_mask(past: int, q: int, device) -> torch.Tensor:
     """Boolean SDPA mask [1, 1, q, past + q] for q new positions after `past` cached ones (True = attend)."""
     keys = torch.arange(past + q, device=device)

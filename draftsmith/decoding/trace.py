@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+
 @dataclass
 class Trace:
     """What one decoding run did. `proposed[r]`/`accepted[r]`: draft tokens of verification round r."""
