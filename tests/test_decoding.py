@@ -351,6 +351,7 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     drafts = [tiny[name].to("cuda") for name in ("untrained", "trained")]
     stop, prompts = tiny["stop"], tiny["prompts"]
     longest = max(len(ids) for ids in prompts)
+    captured_before = set()
     for concurrency in (1, 3):
         graphed.reserve(concurrency, 1024)
         graphed.capture(concurrency, 3, longest)
@@ -362,9 +363,13 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
             tuned.capture(concurrency, 3)
             methods.append((BatchEagle3Proposer(draft), tuned))
         captured = set(graphed.buffers.graphs.steps)
-        for plain, replayed in methods:
-            a = serve(eager, plain, prompts, concurrency, 3, MAX_NEW, stop)
-            b = serve(graphed, replayed, prompts, concurrency, 3, MAX_NEW, stop)
+        # each row count has its own one-row prefills: a graph writes the cache it was captured on, so a refill at 3 in
+        # flight replaying batch 1's would write a cache of one row (past it: a device-side assert)
+        assert {("prefill", concurrency, 1)} == {key[:3] for key in captured - captured_before if key[0] == "prefill"}
+        captured_before = captured
+        for plain, replayed in methods:  # twice the prompts: rows come free at different rounds, refilled one by one
+            a = serve(eager, plain, prompts * 2, concurrency, 3, MAX_NEW, stop)
+            b = serve(graphed, replayed, prompts * 2, concurrency, 3, MAX_NEW, stop)
             assert [(t.tokens, t.accepted) for t in b] == [(t.tokens, t.accepted) for t in a]
         if concurrency == 1:  # refills of one row: every prefill shape was captured
             assert set(graphed.buffers.graphs.steps) == captured

@@ -162,9 +162,9 @@ class BatchTarget:
         alone, each attending to itself; a request alone (batch 1, or a refill of one row) is padded on the right
         instead, so that its sequence starts at slot 0 and no step's span reads its padding (the padding's slots lie
         past its write slot, overwritten before any query reaches them). With CUDA graphs the width is the longest's
-        bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (rows,
-        width): a refill of one row costs one launch rather than the model's hundreds. Returns the prompts [R, W] as
-        the rows hold them, their starts [R], the last prompt position's logits [R, V] and, with `with_aux`, the
+        bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers'
+        rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. Returns the prompts
+        [R, W] as the rows hold them, their starts [R], the last prompt position's logits [R, V] and, with `with_aux`, the
         auxiliary states [R, W, 3H] (a replay's outputs: use them before the next step)."""
         graphs = self.buffers.graphs
         width = prompt_bucket(max(len(p) for p in prompts)) if graphs.enabled else None
@@ -180,7 +180,10 @@ class BatchTarget:
         step = functools.partial(self._prefill_step, with_aux=with_aux)
         kept = on_device([last], self.device)
         if width <= PREFILL_GRAPH_WIDTH:
-            logits, aux = graphs.run(("prefill", len(rows), width, with_aux), step, ids, starts, index, kept, tune=False)
+            # keyed by the buffers' row count too: a graph writes the cache it was captured on, and a one-row refill
+            # at 16 in flight must not replay batch 1's (its row index past that cache: a device-side assert)
+            key = ("prefill", self.rows.cache.rows, len(rows), width, with_aux)
+            logits, aux = graphs.run(key, step, ids, starts, index, kept, tune=False)
         else:
             logits, aux = step(ids, starts, index, kept)
         self.rows.admit(rows, starts, last + 1)
