@@ -318,14 +318,15 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     target.reserve(1, 1024)
     proposer.reserve(1, 1024)
     target.capture(1, 3, longest)
-    proposer.capture(1, 3)
+    proposer.capture(1, 3, longest)
     captured = (set(target.buffers.graphs.steps), set(proposer.buffers.graphs.steps))
     buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
     spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
     assert captured == ({(1, q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
-                        | {("prefill", 1, b, aux) for b in buckets for aux in (False, True)},
-                        {(1, n, chain) for n in range(1, 5) for chain in (3, 0)})
+                        | {("prefill", 1, 1, b, aux) for b in buckets for aux in (False, True)},
+                        {(1, n, chain) for n in range(1, 5) for chain in (3, 0)}
+                        | {("prefill", 1, 1, b - 1) for b in buckets})  # the draft's: its inputs but the last
     stop = tiny["stop"]
     lookup = BatchPromptLookupProposer(3, target.device)
     hybrid = BatchHybridProposer(lookup, proposer, min_ngram=2)
@@ -360,7 +361,7 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
         for draft in drafts:
             tuned = BatchEagle3Proposer(draft, cuda_graphs=True, tune_kernels=True)
             tuned.reserve(concurrency, 1024)
-            tuned.capture(concurrency, 3)
+            tuned.capture(concurrency, 3, longest)
             methods.append((BatchEagle3Proposer(draft), tuned))
         captured = set(graphed.buffers.graphs.steps)
         # each row count has its own one-row prefills: a graph writes the cache it was captured on, so a refill at 3 in

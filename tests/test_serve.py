@@ -211,20 +211,26 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
 
 @pytest.mark.parametrize("concurrency", [2, 3])
 def test_prefills_padded_to_buckets_and_replayed_give_the_same_outputs(tiny, concurrency):
-    """With CUDA graphs a refill's prompts are left-padded to their bucket and the prefill is replayed from a capture
-    per (rows, width). Here on the CPU through the recorder (test_decoding.EagerStepRecorder, a mock of the
-    capture, named as such: CI has no GPU) that keeps each shape's first inputs at fixed addresses, as a graph does:
-    every request still gets its batch-1 greedy output, and the prefills come in a few padded widths."""
+    """With CUDA graphs a refill's prompts are left-padded to their bucket and the target's and the draft's prefills
+    are replayed from a capture per (buffers' rows, rows, width). Here on the CPU through the recorder
+    (test_decoding.EagerStepRecorder, a mock of the capture, named as such: CI has no GPU) that keeps each shape's
+    first inputs at fixed addresses, as a graph does: every request still gets its batch-1 greedy output, and the
+    prefills come in a few padded widths, keyed apart from batch 1's (a graph writes the cache it was captured on)."""
     prompts, stop = batch_of(tiny, 5)
     target = BatchTarget(tiny["target"])
     proposer = BatchEagle3Proposer(tiny["trained"])
     target.buffers.graphs, proposer.buffers.graphs = spec_tests.EagerStepRecorder(), spec_tests.EagerStepRecorder()
+    assert [t.tokens for t in serve(target, proposer, prompts[:1], 1, 3, MAX_NEW, stop)] == [tiny["greedy"][0].tokens]
     traces = serve(target, proposer, prompts, concurrency, 3, MAX_NEW, stop)
     check_rows(traces, references(tiny, prompts, stop), 3)
     prefills = [key for key in target.buffers.graphs.steps if key[0] == "prefill"]
     buckets = {prompt_bucket(len(p)) for p in prompts}  # the widths: buckets, not the prompts' own lengths
-    assert prefills and {width for _, _, width, _ in prefills} <= buckets < {len(p) for p in prompts} | buckets
-    assert {rows for _, rows, _, _ in prefills} >= {concurrency, 1}  # the first fill, then refills of one row
+    assert prefills and {width for *_, width, _ in prefills} <= buckets < {len(p) for p in prompts} | buckets
+    # batch 1's, then at `concurrency` in flight the first fill and refills of one row, each on its own buffers
+    assert {rows for _, rows, _, _, _ in prefills} == {1, concurrency}
+    assert {(1, 1), (concurrency, concurrency), (concurrency, 1)} <= {key[1:3] for key in prefills}
+    draft_prefills = [key for key in proposer.buffers.graphs.steps if key[0] == "prefill"]
+    assert {(rows, width + 1) for _, _, rows, width in draft_prefills} == {key[2:4] for key in prefills}
     check_rows(serve_greedy(target, prompts, concurrency, stop), references(tiny, prompts, stop))
 
 

@@ -263,7 +263,7 @@ def prepare_engine(target: BatchTarget, proposers: dict, rows: int, length: int,
     target.capture(rows, k, longest_prompt)
     for draft in drafts:
         draft.reserve(rows, length)
-        draft.capture(rows, k)
+        draft.capture(rows, k, longest_prompt)
     if target.buffers.graphs.enabled:
         log.info("%d rows: captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads the "
                  "first %d or a multiple, as its rows need)", rows, len(target.buffers.graphs.steps),

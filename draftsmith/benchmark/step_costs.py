@@ -45,10 +45,10 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
     length = serve_length([prompt_ids], REPEATS + 2 + k + 1, k)  # draft rounds each add one verified position
     target.begin(1, length)
     proposer.begin(1, length)
-    ids, starts, logits, aux = target.prefill([0], [prompt_ids], with_aux=True)
+    prompts, logits = target.prefill([0], [prompt_ids], with_aux=True)
     token = logits.argmax(-1)
-    proposer.prefill([0], ids, token, aux, starts)
-    aux_last = aux[:, -1:].clone()  # the target's outputs are rewritten by its steps
+    proposer.prefill([0], prompts, token)
+    aux_last = prompts.aux[:, prompts.last : prompts.last + 1].clone()  # the target's outputs are rewritten by its steps
 
     def target_step():  # the engine's forward writes at the row's next slot and leaves it there: every call alike
         target.forward(token[:, None])[0].argmax().item()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -65,6 +66,18 @@ PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this man
 def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
     """The slots a row of `serve` needs: the longest prompt's padded width, the answer, and the last rounds past it."""
     return prompt_bucket(max(len(p) for p in prompts)) + max_new_tokens + 3 * (k + 1)
+
+
+class AdmittedPrompts(NamedTuple):
+    """A prefill's prompts as their rows hold them: `ids` [R, W] (padded; with CUDA graphs W is a bucket), each row's
+    first slot `starts` [R], the slot of the prompts' last position `last` (W - 1 where left-padded; a request alone is
+    padded on the right) and, where asked for, the target's auxiliary states `aux` [R, W, 3H] (a replay's outputs: use
+    them before the next step)."""
+
+    ids: torch.Tensor
+    starts: torch.Tensor
+    last: int
+    aux: torch.Tensor | None
 
 
 class RowBuffers:
@@ -164,8 +177,7 @@ class BatchTarget:
         past its write slot, overwritten before any query reaches them). With CUDA graphs the width is the longest's
         bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers'
         rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. Returns the prompts
-        [R, W] as the rows hold them, their starts [R], the last prompt position's logits [R, V] and, with `with_aux`, the
-        auxiliary states [R, W, 3H] (a replay's outputs: use them before the next step)."""
+        as the rows hold them (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
         graphs = self.buffers.graphs
         width = prompt_bucket(max(len(p) for p in prompts)) if graphs.enabled else None
         if len(prompts) == 1:
@@ -187,7 +199,7 @@ class BatchTarget:
         else:
             logits, aux = step(ids, starts, index, kept)
         self.rows.admit(rows, starts, last + 1)
-        return ids[:, : last + 1], starts, logits[:, -1], aux[:, : last + 1] if aux is not None else None
+        return AdmittedPrompts(ids, starts, last, aux), logits[:, -1]
 
     def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, kept: torch.Tensor,
                       with_aux: bool):
@@ -268,7 +280,7 @@ class NoDrafts:
     def begin(self, rows: int, length: int) -> None:
         pass
 
-    def prefill(self, rows, ids, first, aux, starts) -> None:
+    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
         pass
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
@@ -306,10 +318,10 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
         while free and queue:
             take = [queue.pop(0) for _ in range(min(len(free), len(queue)))]
             used, free[:] = free[: len(take)], free[len(take):]
-            ids, starts, logits, aux = target.prefill(used, [prompts[i] for i in take], with_aux=proposer.needs_aux)
+            admitted_prompts, logits = target.prefill(used, [prompts[i] for i in take], with_aux=proposer.needs_aux)
             first = logits.argmax(-1)
             last[on_device(used, device)] = first
-            proposer.prefill(used, ids, first, aux, starts)
+            proposer.prefill(used, admitted_prompts, first)
             now = time.perf_counter()
             for row, i, token in zip(used, take, first.tolist()):
                 admitted[i] = at

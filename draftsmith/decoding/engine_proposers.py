@@ -1,6 +1,6 @@
 """The engine's proposers (draftsmith.decoding.engine.serve), each the reference proposer of
-draftsmith.decoding.reference for N rows in flight: `begin(rows, length)` (no request yet), `prefill(rows, ids, first, aux,
-starts)` (the rows that take new requests), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each
+draftsmith.decoding.reference for N rows in flight: `begin(rows, length)` (no request yet), `prefill(rows, prompts,
+first)` (the rows that take new requests: the target's `AdmittedPrompts` and first tokens), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each
 row's count) and `accept(next_tokens, aux, counts)` (what the target verified, per row).
 
 EAGLE-3 cache: the draft's cache rows use the target's slot layout (draft slot s holds the draft's state for the
@@ -19,7 +19,8 @@ import torch
 
 from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels, use_sdpa
-from draftsmith.decoding.engine import RowBufferSet
+from draftsmith.decoding.engine import PREFILL_GRAPH_WIDTH, AdmittedPrompts, RowBufferSet
+from draftsmith.decoding.static_cache import prompt_buckets
 from draftsmith.decoding.reference import HybridProposer, PromptLookupProposer
 
 
@@ -29,7 +30,7 @@ class BatchPromptLookupProposer(PromptLookupProposer):
     def begin(self, rows: int, length: int) -> None:
         pass
 
-    def prefill(self, rows, ids, first, aux, starts) -> None:
+    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
         pass
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
@@ -71,29 +72,44 @@ class BatchEagle3Proposer:
         self.accept(torch.zeros((rows, 1), dtype=torch.long, device=fc.weight.device),
                     torch.zeros((rows, 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device), [0] * rows)
 
-    def prefill(self, rows: list[int], ids: torch.Tensor, first: torch.Tensor, aux: torch.Tensor,
-                starts: torch.Tensor) -> None:
-        """New requests in `rows` (the target's prefill: its padded prompts `ids` [R, W], their first generated tokens
-        [R], its auxiliary states [R, W, 3H] and starts [R]): the draft's inputs at every prompt slot but the last (the
-        token after the slot, the target's states at it) into those rows' caches, the last one pending."""
-        tokens = torch.cat([ids[:, 1:], first[:, None]], dim=1)  # at slot s the token after it
-        width = tokens.shape[1]
+    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
+        """New requests in `rows` (the target's prefill: its padded prompts and their first generated tokens [R]): the
+        draft's inputs at every prompt slot but the last (the token after the slot, the target's states at it) into
+        those rows' caches, the last one pending. It runs over the prompts' whole padded width, as the target's prefill
+        does (what it writes past a right-padded prompt's end lies past the row's next free slot, overwritten before
+        anything attends to it), so that a capture per (buffers' rows, rows, width) serves every prompt length: run
+        eagerly, each new length cost a new kernel plan (a cuDNN attention graph is built per shape), about 50 ms of a
+        request's time to first token on one H100 (perf/results/smollm2_h100_concurrency_2026-12-07b)."""
+        ids, starts, last = prompts.ids, prompts.starts, prompts.last
+        tokens = ids.roll(-1, dims=1)  # at slot s the token after it; the first generated token after the last
+        tokens[:, last] = first
         index = on_device(rows, tokens.device)
-        if width > 1:
-            slots, mask, positions = prefill_layout(starts, width - 1)
-            cache = self.rows.cache
-            cache.prefill_rows = index
-            try:
-                draft_layers(self.draft, tokens[:, :-1], self.draft.fc(aux[:, :-1]), positions + 1, slots, mask, cache)
-            finally:
-                cache.prefill_rows = None
-        self.rows.admit(rows, starts, width - 1)
+        width = tokens.shape[1] - 1
+        if width > 0:
+            step = functools.partial(self._prefill_step, index=index)
+            if width < PREFILL_GRAPH_WIDTH:
+                key = ("prefill", self.rows.cache.rows, len(rows), width)
+                self.buffers.graphs.run(key, step, tokens[:, :-1], prompts.aux[:, :-1], starts, tune=False)
+            else:
+                step(tokens[:, :-1], prompts.aux[:, :-1], starts)
+        self.rows.admit(rows, starts, last)
         self.pending_tokens, self.pending_aux = self.pending_tokens.clone(), self.pending_aux.clone()
-        self.pending_tokens[index, 0] = tokens[:, -1]
-        self.pending_aux[index, 0] = aux[:, -1]
+        self.pending_tokens[index, 0] = first
+        self.pending_aux[index, 0] = prompts.aux[:, last]
         self.counts = self.counts.index_fill(0, index, 1)
         for row in rows:
             self.host_counts[row] = 1
+
+    def _prefill_step(self, tokens: torch.Tensor, aux: torch.Tensor, starts: torch.Tensor, index: torch.Tensor):
+        """The draft's prompt inputs (tokens [R, W], the target's states [R, W, 3H], starting at `starts`) into cache
+        rows `index`, on the device alone (what a graph captures)."""
+        slots, mask, positions = prefill_layout(starts, tokens.shape[1])
+        cache = self.rows.cache
+        cache.prefill_rows = index
+        try:
+            return draft_layers(self.draft, tokens, self.draft.fc(aux), positions + 1, slots, mask, cache)
+        finally:
+            cache.prefill_rows = None
 
     def _layers(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         rows = self.rows
@@ -143,18 +159,26 @@ class BatchEagle3Proposer:
         self.counts = torch.tensor(counts, dtype=torch.long, device=next_tokens.device)
 
     @torch.inference_mode()
-    def capture(self, rows: int, k: int) -> None:
-        """Capture now the round after a verification for `rows` rows (see BatchTarget.capture)."""
+    def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
+        """Capture now the round after a verification for `rows` rows and, given the longest prompt, one row's prefill
+        at every bucket up to its (see BatchTarget.capture)."""
         if not self.buffers.graphs.enabled:
             return
         fc = self.draft.fc
-        tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=fc.weight.device)
-        aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device)
+        device, length = fc.weight.device, self.rows.cache.length
+        tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=device)
+        aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=device)
         self.rows.clear()
         for n in range(1, k + 2):  # 1 after `begin`; after a verification of m drafts m + 1 (the hybrid's m can be < k)
             for chain in (k, 0):  # 0: the hybrid's rounds where every row takes prompt lookup's drafts
                 self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
                 self.propose([], k, chain)
+        for bucket in prompt_buckets(longest_prompt) if longest_prompt else []:
+            if bucket <= min(PREFILL_GRAPH_WIDTH, length):
+                ids = torch.zeros((1, bucket), dtype=torch.long, device=device)
+                states = torch.zeros((1, bucket, fc.in_features), dtype=fc.weight.dtype, device=device)
+                self.prefill([0], AdmittedPrompts(ids, ids[:, 0], bucket - 1, states), ids[:, 0])
+        self.rows.clear()
 
 
 class BatchHybridProposer(HybridProposer):
@@ -166,8 +190,8 @@ class BatchHybridProposer(HybridProposer):
     def begin(self, rows: int, length: int) -> None:
         self.eagle.begin(rows, length)
 
-    def prefill(self, rows, ids, first, aux, starts) -> None:
-        self.eagle.prefill(rows, ids, first, aux, starts)
+    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
+        self.eagle.prefill(rows, prompts, first)
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
         """[B, m] drafts (a row's lookup drafts padded with 0 past its own count; m = k where some row takes the draft's
