@@ -105,12 +105,10 @@ class RowBuffers:
         for row in rows:
             self.host_lengths[row] = length
 
-    def advance(self, counts: list[int]) -> torch.Tensor:
-        """Each row's next free slot `counts[row]` further on; returns the counts as a device tensor."""
+    def advance(self, counts: list[int]) -> None:
+        """Each row's next free slot `counts[row]` further on."""
         self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
-        counts_t = torch.tensor(counts, dtype=torch.long, device=self.lengths.device)
-        self.lengths += counts_t
-        return counts_t
+        self.lengths += on_device(counts, self.lengths.device)  # queued, not a blocking copy (on_device)
 
     def check_width(self, width: int, what: str) -> None:
         """A clear error where a prompt of `width` slots does not fit a row."""
@@ -229,9 +227,9 @@ class BatchTarget:
             return step(input_ids)
         return self.buffers.graphs.run((rows, q, keep, with_aux, span), step, input_ids, family=(rows, q, keep, with_aux))
 
-    def advance(self, counts: list[int]) -> torch.Tensor:
-        """Each row's write slot `counts[row]` on (what it kept of the last forward); returns them on the device."""
-        return self.rows.advance(counts)
+    def advance(self, counts: list[int]) -> None:
+        """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
+        self.rows.advance(counts)
 
     def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
         rows = self.rows
@@ -333,12 +331,14 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
             at = now
 
     refill(list(range(rows)), start)
-    all_rows = torch.arange(rows, device=device)
     while any(o >= 0 for o in owner):
         draft, proposed = proposer.propose(contexts, k)
-        logits, aux = target.forward(torch.cat([last[:, None], draft], dim=1), with_aux=proposer.needs_aux)
+        m = draft.shape[1]
+        inputs = torch.cat([last[:, None], draft], dim=1) if m else last[:, None]
+        logits, aux = target.forward(inputs, with_aux=proposer.needs_aux)
         verified = logits.argmax(-1)  # [B, m + 1]: the target's token after each input position
-        drafted, target_tokens = draft.tolist(), verified.tolist()  # the round's host sync
+        both = (torch.cat([draft, verified], dim=1) if m else verified).tolist()  # the round's one host sync
+        drafted, target_tokens = [b[:m] for b in both], [b[m:] for b in both]
         now = time.perf_counter()
         counts, free = [], []
         for row, i in enumerate(owner):
@@ -360,8 +360,9 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
                 finished[i], owner[row] = now, -1
                 free.append(row)
         proposer.accept(verified, aux, counts)
-        counts_t = target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
-        last = verified[all_rows, (counts_t - 1).clamp(min=0)]
+        target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
+        # the bonus tokens from the host's copy: one queued copy rather than a round of indexing kernels
+        last = on_device([tokens[c - 1] if c else 0 for tokens, c in zip(target_tokens, counts)], device)
         for row in free:
             contexts[row] = []
         refill(free, now)

@@ -156,7 +156,7 @@ class BatchEagle3Proposer:
         """next_tokens [B, n]: per row, its first counts[row] are newly verified (the accepted drafts and the bonus
         token; 0 for a finished row); aux [B, n, 3H]: the target's states at the positions before them."""
         self.pending_tokens, self.pending_aux, self.host_counts = next_tokens, aux, counts
-        self.counts = torch.tensor(counts, dtype=torch.long, device=next_tokens.device)
+        self.counts = on_device(counts, next_tokens.device)
 
     @torch.inference_mode()
     def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
