@@ -7,6 +7,7 @@
 #   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz; THEN_CONFIG="file ...":
 #   more config files for that step alone (e.g. config/overlays/batch-1.yaml: the learning curve's variants at batch 1);
 #   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards;
+#   GPU_TESTS=1: first the GPU-only engine tests (common.sh gpu_tests), stopping the run where they fail;
 #   ONLINE_PERF=1: then (before THEN_TARGETS) `python -m perf online_training` on the run (online vs offline hidden
 #   states, loaded ahead or serially, training.compile attention vs forward; ONLINE_PERF_RUNS picks the runs, the
 #   shards are extracted first only where one is offline; ONLINE_PERF_FRACTION trains on that fraction), in $OUT.
@@ -14,6 +15,7 @@
 source "$(dirname "$0")/common.sh"
 setup
 install_smollm2
+[ -z "${GPU_TESTS:-}" ] || gpu_tests
 overlay=/tmp/smollm2-overlay.yaml
 printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
 [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
