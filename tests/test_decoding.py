@@ -380,6 +380,23 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
         tiny[name].to("cpu")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
+@pytest.mark.parametrize("ragged", [False, True])
+def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragged):
+    """On a GPU, in float32: regenerate's BatchDecoder with its decode steps replayed as CUDA graphs (a graph per
+    span, or one for the ragged kernel's steps) gives the tokens of the same decoder run eagerly, greedy and sampled,
+    15 prompts on 3 rows refilled as answers end, a look every 2 steps."""
+    from draftsmith.decoding.batch import BatchDecoder
+    from draftsmith.decoding.sampling import Sampling
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
+    prompts, stop = tiny["prompts"] * 3, tiny["stop"]
+    for sampling, seeds in ((None, None), (Sampling(temperature=0.9, top_p=0.9), list(range(len(prompts))))):
+        answers = [BatchDecoder(model, 3, cuda_graphs=graphs, sync_every=2, ragged=ragged)
+                   .generate(prompts, MAX_NEW, stop, sampling, seeds) for graphs in (False, True)]
+        assert answers[1] == answers[0] and len(answers[0]) == len(prompts)
+
+
 @torch.inference_mode()
 def test_kernel_tuning_times_each_setting_the_device_runs_and_restores_the_defaults(tiny):
     """fastest_setting on a real verification step of the tiny target: every setting is tried, those this device
