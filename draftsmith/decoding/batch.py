@@ -21,6 +21,7 @@ draftsmith.decoding.sampling.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -40,7 +41,7 @@ from draftsmith.decoding.batch_kv import (
     row_mask,
 )
 from draftsmith.decoding.sampling import Sampling, choose_tokens
-from draftsmith.decoding.static_cache import attention_span, full_attention_sdpa, keeps_logits
+from draftsmith.decoding.static_cache import CapturedStep, attention_span, full_attention_sdpa, keeps_logits
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class BatchDecoder:
                     module.compile()
         self._configs = attention_configs(model)
         self._shape = None  # (cache length, max_new_tokens, sampling, stops) of the state below
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by attention span
+        self._graphs: dict[int, CapturedStep] = {}  # by attention span
         self._pool = None
         self.decode_steps = 0  # counters, for throughput reports
         self.span_steps: Counter = Counter()  # decode steps by attention span
@@ -246,22 +247,14 @@ class BatchDecoder:
     def _steps(self, n: int, span: int) -> int:
         """At least `n` decode steps attending to `span` slots; returns how many ran (capturing a span's graph
         runs two real steps eagerly first, as warm-up)."""
-        graph, taken = self._graphs.get(span), 0
-        if self.cuda_graphs and graph is None:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._step(span)
-            torch.cuda.current_stream().wait_stream(stream)
-            taken = 2
-            if self._pool is None:
+        step, taken = self._graphs.get(span), 0
+        if self.cuda_graphs and step is None:
+            if self._pool is None:  # the spans' graphs share their memory: one runs at a time
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = self._graphs[span] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):  # recorded, not run
-                self._step(span)
+            step = self._graphs[span] = CapturedStep(functools.partial(self._step, span), [], pool=self._pool)
+            taken = CapturedStep.WARM_UP_RUNS
         for _ in range(n - taken):
-            graph.replay() if graph is not None else self._step(span)
+            step() if step is not None else self._step(span)
         self.decode_steps += max(n, taken)
         self.span_steps[span] += max(n, taken)
         return max(n, taken)

@@ -58,19 +58,23 @@ def prompt_buckets(longest: int) -> list[int]:
 
 
 class CapturedStep:
-    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs`; calling it copies new inputs
-    (same shapes) in and replays. Its outputs are static too: read or copy them before the next replay."""
+    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs` (its memory from `pool` where
+    given: graphs that never run at once can share one); calling it copies new inputs (same shapes) in and replays.
+    Its outputs are static too: read or copy them before the next replay. The capture runs `fn` twice for real first
+    (WARM_UP_RUNS), so a step that advances state must count them."""
 
-    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor]):
+    WARM_UP_RUNS = 2
+
+    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor], pool=None):
         self.inputs = [x.clone() for x in example_inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up outside the graph (lazy initialisation, kernel selection)
-            for _ in range(2):
+            for _ in range(self.WARM_UP_RUNS):
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.outputs = fn(*self.inputs)
 
     def __call__(self, *inputs: torch.Tensor):
