@@ -246,18 +246,19 @@ def test_a_target_without_full_attention_sdpa_decodes_in_the_reference_loops_ali
 
 class EagerStepRecorder(StepGraphs):
     """Stand-in for CUDA-graph capture on the CPU (a mock, named as such: CI has no GPU): it records each step's
-    key the way StepGraphs captures it and, like CapturedStep, keeps static copies of the first call's inputs that
-    later calls copy into; then it runs the step eagerly on them. test_cuda_graph_replay_gives_the_eager_steps_tokens
-    checks the same property with real graphs on a GPU."""
+    key the way StepGraphs captures it and, like CapturedStep, keeps the first call's function and static copies of
+    its inputs that later calls copy into; then it runs that first function eagerly on them. So, as with a graph,
+    whatever a later call binds into its function rather than passing as an input is ignored.
+    test_cuda_graph_replay_gives_the_eager_steps_tokens checks the same property with real graphs on a GPU."""
 
     def __init__(self):
         super().__init__(enabled=True)
 
     def run(self, key, fn, *inputs, tune=True, family=None):
-        static = self.steps.setdefault(key, [x.clone() for x in inputs])
+        first, static = self.steps.setdefault(key, (fn, [x.clone() for x in inputs]))
         for s, x in zip(static, inputs):
             s.copy_(x)
-        return fn(*static)
+        return first(*static)
 
 
 def engine(tiny, recorded: bool = False):

@@ -223,6 +223,11 @@ def test_prefills_padded_to_buckets_and_replayed_give_the_same_outputs(tiny, con
     assert [t.tokens for t in serve(target, proposer, prompts[:1], 1, 3, MAX_NEW, stop)] == [tiny["greedy"][0].tokens]
     traces = serve(target, proposer, prompts, concurrency, 3, MAX_NEW, stop)
     check_rows(traces, references(tiny, prompts, stop), 3)
+    # the same drafts as the engine run eagerly at the prompts' own widths: a replayed prefill wrote each row's own
+    # draft cache (an index bound into the step rather than passed as its input would replay the first call's rows)
+    eager = serve(BatchTarget(tiny["target"]), BatchEagle3Proposer(tiny["trained"]), prompts, concurrency, 3, MAX_NEW,
+                  stop)
+    assert [t.accepted for t in traces] == [t.accepted for t in eager]
     prefills = [key for key in target.buffers.graphs.steps if key[0] == "prefill"]
     buckets = {prompt_bucket(len(p)) for p in prompts}  # the widths: buckets, not the prompts' own lengths
     assert prefills and {width for *_, width, _ in prefills} <= buckets < {len(p) for p in prompts} | buckets

@@ -86,12 +86,12 @@ class BatchEagle3Proposer:
         index = on_device(rows, tokens.device)
         width = tokens.shape[1] - 1
         if width > 0:
-            step = functools.partial(self._prefill_step, index=index)
+            inputs = (tokens[:, :-1], prompts.aux[:, :-1], starts, index)  # all of them inputs: a replay takes them
             if width < PREFILL_GRAPH_WIDTH:
                 key = ("prefill", self.rows.cache.rows, len(rows), width)
-                self.buffers.graphs.run(key, step, tokens[:, :-1], prompts.aux[:, :-1], starts, tune=False)
+                self.buffers.graphs.run(key, self._prefill_step, *inputs, tune=False)
             else:
-                step(tokens[:, :-1], prompts.aux[:, :-1], starts)
+                self._prefill_step(*inputs)
         self.rows.admit(rows, starts, last)
         self.pending_tokens, self.pending_aux = self.pending_tokens.clone(), self.pending_aux.clone()
         self.pending_tokens[index, 0] = first
