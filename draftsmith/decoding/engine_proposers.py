@@ -184,8 +184,7 @@ class BatchEagle3Proposer:
 class BatchHybridProposer(HybridProposer):
     """HybridProposer per row (of a BatchPromptLookupProposer and a BatchEagle3Proposer): prompt lookup's drafts in the
     rows whose context's last `min_ngram` or more tokens recur, the EAGLE-3 draft's in the others (its round runs for
-    every row, keeping its cache current; its chain only where some row takes its drafts, so at batch 1 a lookup
-    round skips it). `rounds` counts row-rounds."""
+    every row, keeping its cache current; at batch 1 a lookup round skips its chain). `rounds` counts row-rounds."""
 
     def begin(self, rows: int, length: int) -> None:
         self.eagle.begin(rows, length)
@@ -195,13 +194,18 @@ class BatchHybridProposer(HybridProposer):
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
         """[B, m] drafts (a row's lookup drafts padded with 0 past its own count; m = k where some row takes the draft's
-        chain, else the most lookup found) and each row's count."""
+        chain, else the most lookup found) and each row's count. With one row the lookup comes first, and a round it
+        answers skips the draft's chain; with several, where every row rarely finds a match, the draft's round is
+        queued first and the host looks up while the device runs it."""
+        if len(contexts) > 1:
+            drafted, counts = self.eagle.propose(contexts, k)
         found = [self.lookup.ngrams.candidates(row, c, k, self.min_ngram) for row, c in enumerate(contexts)]
         used = sum(1 for f in found if f)
         self.rounds["prompt_lookup"] += used
         self.rounds["eagle3"] += len(found) - used
         everyone = used == len(found)
-        drafted, counts = self.eagle.propose(contexts, k, chain=0 if everyone else k)
+        if len(contexts) == 1:
+            drafted, counts = self.eagle.propose(contexts, k, chain=0 if everyone else k)
         if not used:
             return drafted, counts
         width = max(len(f) for f in found) if everyone else k  # every row's lookup: verify no wider than they found
