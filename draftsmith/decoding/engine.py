@@ -142,6 +142,21 @@ class RowBufferSet:
             self.by_rows[rows] = buffers = RowBuffers(rows, length, self.device)
         return buffers
 
+    def prefill(self, buffers: RowBuffers, key: tuple, step, *inputs: torch.Tensor):
+        """`step(*inputs)`, a prefill into `buffers` of inputs [R, W, ...], every value it varies by an input: up to
+        PREFILL_GRAPH_WIDTH tokens a row replayed from a capture per (the buffers' row count, *key), eager beyond. The
+        row count is in the key because a graph writes the cache it was captured on: a one-row refill at 16 in flight
+        replaying batch 1's ran its row index past that one-row cache (a device-side assert on one H100)."""
+        if inputs[0].shape[1] > PREFILL_GRAPH_WIDTH:
+            return step(*inputs)
+        return self.graphs.run(("prefill", buffers.cache.rows, *key), step, *inputs, tune=False)
+
+
+def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int]:
+    """The padded widths a warm-up captures one row's prefill at: every bucket of a prompt up to `longest_prompt`
+    tokens that a cache of `length` slots holds and that is replayed (none without a longest prompt)."""
+    return [b for b in prompt_buckets(longest_prompt) if b <= min(PREFILL_GRAPH_WIDTH, length)] if longest_prompt else []
+
 
 class BatchTarget:
     """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`; with
@@ -176,8 +191,7 @@ class BatchTarget:
         bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers'
         rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. Returns the prompts
         as the rows hold them (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
-        graphs = self.buffers.graphs
-        width = prompt_bucket(max(len(p) for p in prompts)) if graphs.enabled else None
+        width = prompt_bucket(max(len(p) for p in prompts)) if self.buffers.graphs.enabled else None
         if len(prompts) == 1:
             ids, starts = right_padded(prompts[0], self.device, width)
             last = len(prompts[0]) - 1
@@ -189,13 +203,7 @@ class BatchTarget:
         index = on_device(rows, self.device)
         step = functools.partial(self._prefill_step, with_aux=with_aux)
         kept = on_device([last], self.device)
-        if width <= PREFILL_GRAPH_WIDTH:
-            # keyed by the buffers' row count too: a graph writes the cache it was captured on, and a one-row refill
-            # at 16 in flight must not replay batch 1's (its row index past that cache: a device-side assert)
-            key = ("prefill", self.rows.cache.rows, len(rows), width, with_aux)
-            logits, aux = graphs.run(key, step, ids, starts, index, kept, tune=False)
-        else:
-            logits, aux = step(ids, starts, index, kept)
+        logits, aux = self.buffers.prefill(self.rows, (len(rows), width, with_aux), step, ids, starts, index, kept)
         self.rows.admit(rows, starts, last + 1)
         return AdmittedPrompts(ids, starts, last, aux), logits[:, -1]
 
@@ -260,10 +268,9 @@ class BatchTarget:
                                 min(span, length) - q)  # the furthest row's need: the span's last q slots
                 for with_aux in aux:
                     self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
-        for bucket in prompt_buckets(longest_prompt) if longest_prompt else []:
+        for bucket in captured_prefill_widths(longest_prompt, length):
             for with_aux in aux:
-                if bucket <= min(PREFILL_GRAPH_WIDTH, length):
-                    self.prefill([0], [[0] * bucket], with_aux=with_aux)
+                self.prefill([0], [[0] * bucket], with_aux=with_aux)
         self.rows.clear()
 
 

@@ -19,8 +19,7 @@ import torch
 
 from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels, use_sdpa
-from draftsmith.decoding.engine import PREFILL_GRAPH_WIDTH, AdmittedPrompts, RowBufferSet
-from draftsmith.decoding.static_cache import prompt_buckets
+from draftsmith.decoding.engine import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.reference import HybridProposer, PromptLookupProposer
 
 
@@ -86,12 +85,8 @@ class BatchEagle3Proposer:
         index = on_device(rows, tokens.device)
         width = tokens.shape[1] - 1
         if width > 0:
-            inputs = (tokens[:, :-1], prompts.aux[:, :-1], starts, index)  # all of them inputs: a replay takes them
-            if width < PREFILL_GRAPH_WIDTH:
-                key = ("prefill", self.rows.cache.rows, len(rows), width)
-                self.buffers.graphs.run(key, self._prefill_step, *inputs, tune=False)
-            else:
-                self._prefill_step(*inputs)
+            self.buffers.prefill(self.rows, (len(rows), width), self._prefill_step, tokens[:, :-1], prompts.aux[:, :-1],
+                                 starts, index)
         self.rows.admit(rows, starts, last)
         self.pending_tokens, self.pending_aux = self.pending_tokens.clone(), self.pending_aux.clone()
         self.pending_tokens[index, 0] = first
@@ -165,7 +160,7 @@ class BatchEagle3Proposer:
         if not self.buffers.graphs.enabled:
             return
         fc = self.draft.fc
-        device, length = fc.weight.device, self.rows.cache.length
+        device = fc.weight.device
         tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=device)
         aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=device)
         self.rows.clear()
@@ -173,11 +168,10 @@ class BatchEagle3Proposer:
             for chain in (k, 0):  # 0: the hybrid's rounds where every row takes prompt lookup's drafts
                 self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
                 self.propose([], k, chain)
-        for bucket in prompt_buckets(longest_prompt) if longest_prompt else []:
-            if bucket <= min(PREFILL_GRAPH_WIDTH, length):
-                ids = torch.zeros((1, bucket), dtype=torch.long, device=device)
-                states = torch.zeros((1, bucket, fc.in_features), dtype=fc.weight.dtype, device=device)
-                self.prefill([0], AdmittedPrompts(ids, ids[:, 0], bucket - 1, states), ids[:, 0])
+        for bucket in captured_prefill_widths(longest_prompt, self.rows.cache.length):
+            ids = torch.zeros((1, bucket), dtype=torch.long, device=device)
+            states = torch.zeros((1, bucket, fc.in_features), dtype=fc.weight.dtype, device=device)
+            self.prefill([0], AdmittedPrompts(ids, ids[:, 0], bucket - 1, states), ids[:, 0])
         self.rows.clear()
 
 
