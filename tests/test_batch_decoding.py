@@ -1,16 +1,16 @@
-"""The batched decoder (draftsmith.decoding.batch) against transformers' own greedy `generate`, on real targets."""
+"""The engine as regenerate runs it (draftsmith.decoding.engine.generate: target-only, sampled, many rows with refill)
+against transformers' own greedy `generate`, on real targets."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from draftsmith.decoding.batch import BatchDecoder
+from draftsmith.decoding.engine import BatchTarget, generate
 from draftsmith.decoding.sampling import Sampling, choose_tokens, nucleus_threshold, uniform_per_row
-from draftsmith.generation.hf_backend import HFBackend
+from draftsmith.decoding.target import TargetModel
+from draftsmith.generation.hf_backend import HFBackend, compile_norms_and_mlps
 from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
 QUESTIONS = ["What is 12 + 7?", "What is the capital of France?", "Count from 3 to 9.", "Say hi.",
@@ -34,6 +34,24 @@ def generate_one(model, prompt: list[int], max_new_tokens: int, stops: set[int])
     return (out, "length") if cut is None else (out[:cut], "stop")
 
 
+class Decoder:
+    """The engine over `model` as regenerate runs it: `rows` in flight, `steps` decode steps a round (a round of
+    several read one round late), `options` of BatchTarget."""
+
+    def __init__(self, model, rows: int, steps: int = 1, **options):
+        self.engine, self.rows, self.steps = BatchTarget(TargetModel(model), **options), rows, steps
+
+    def generate(self, prompts, max_new_tokens, stops, sampling=None, seeds=None):
+        return generate(self.engine, prompts, max_new_tokens, stops, self.rows, sampling, seeds, self.steps)
+
+    def record_prefills(self) -> list[list[list[int]]]:
+        """The prompts of each prefill from now on (a list that grows)."""
+        prefills, prefill = [], self.engine.prefill
+        self.engine.prefill = lambda rows, prompts, with_aux=False: (prefills.append(prompts),
+                                                                     prefill(rows, prompts, with_aux))[1]
+        return prefills
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_target):
     spec = TargetSpec(str(tiny_target))
@@ -42,11 +60,11 @@ def tiny(tiny_target):
     return model, tokenizer, set(stop_token_ids(tokenizer, model))
 
 
-@pytest.mark.parametrize("batch_size,sync_every", [(1, 1), (3, 1), (5, 4), (16, 2)])
-def test_greedy_rows_equal_plain_generate_with_refill_and_early_stops(tiny, batch_size, sync_every):
+@pytest.mark.parametrize("batch_size,steps", [(1, 1), (3, 1), (5, 4), (16, 2)])
+def test_greedy_rows_equal_plain_generate_with_refill_and_early_stops(tiny, batch_size, steps):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS)
-    decoder = BatchDecoder(model, batch_size, sync_every=sync_every)
+    decoder = Decoder(model, batch_size, steps=steps)
     got = decoder.generate(prompts, 24, stops)
     with torch.inference_mode():
         want = [generate_one(model, p, 24, stops) for p in prompts]
@@ -63,18 +81,17 @@ def test_prefill_split_into_small_forwards_gives_the_same_answers(tiny):
     prompts = rendered(tokenizer, QUESTIONS)
     budget = max(map(len, prompts))
     sampling, seeds = Sampling(temperature=0.9, top_p=0.9), list(range(len(prompts)))
-    split = BatchDecoder(model, 8, prefill_limit=budget)
-    whole = BatchDecoder(model, 8)
+    split = Decoder(model, 8, prefill_limit=budget)
+    whole = Decoder(model, 8)
     assert split.generate(prompts, 20, stops) == whole.generate(prompts, 20, stops)
     assert split.generate(prompts, 20, stops, sampling, seeds) == whole.generate(prompts, 20, stops, sampling, seeds)
-    forwards = []
-    split._prefill = lambda rows, group, *rest: (forwards.append([len(p) for p in group]),
-                                                 BatchDecoder._prefill(split, rows, group, *rest))
+    prefills = split.record_prefills()
     split.generate(prompts, 20, stops)
+    forwards = [[len(p) for p in group] for group in prefills]
     assert forwards[0] == [budget] and sum(map(len, forwards)) == len(prompts)
     assert all(len(f) * max(f) <= budget for f in forwards) and max(map(len, forwards)) > 1
     with pytest.raises(ValueError, match="prefill_limit"):
-        BatchDecoder(model, 8, prefill_limit=0)
+        Decoder(model, 8, prefill_limit=0)
 
 
 def test_steps_attend_to_no_more_slots_than_the_busy_rows_need(tiny):
@@ -84,49 +101,45 @@ def test_steps_attend_to_no_more_slots_than_the_busy_rows_need(tiny):
     long_question = " ".join(QUESTIONS[:6]) + " Answer each question in turn."
     prompts = rendered(tokenizer, [long_question * 3, *QUESTIONS[:5]])
     assert len(prompts[0]) > 200 > 40 > max(len(p) for p in prompts[1:])
-    decoder = BatchDecoder(model, 2)
+    decoder = Decoder(model, 2)
     got = decoder.generate(prompts, 20, stops)
     with torch.inference_mode():
         assert got == [generate_one(model, p, 20, stops) for p in prompts]
-    assert decoder.length >= 256 and min(decoder.span_steps) == 128 and max(decoder.span_steps) == decoder.length
+    length, spans = decoder.engine.rows.cache.length, decoder.engine.span_steps
+    assert min(spans) == 128 < 256 == max(spans) < length  # the long row's need, then the short rows'; never the cache
 
 
 def test_the_decoder_counts_the_slots_busy_rows_fill_beside_the_span(tiny):
-    """One row alone, a look every step: each step's row fills its prompt plus the tokens before it; with many rows
+    """One row alone, one step a round: each step's row fills its prompt plus the tokens before it; with many rows
     of different lengths the rows fill less than the span the steps read (the padding a ragged read would skip)."""
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS)
-    one = BatchDecoder(model, 1, sync_every=1)
+    one = Decoder(model, 1)
     one.generate(prompts[:1], 12, stops)
-    steps = one.decode_steps
-    assert one.busy_row_steps == steps > 0
-    assert one.filled_slot_steps == sum(len(prompts[0]) + k for k in range(steps))
-    before = one.counters()  # the same call again: the difference of two readings is that call's share
-    one.generate(prompts[:1], 12, stops)
-    again = {key: value - before[key] for key, value in one.counters().items()}
-    assert again["decode_steps"] == steps and again["filled_slot_steps"] == before["filled_slot_steps"]
-    assert again["busy_row_steps"] == steps and again["span_steps"] == before["span_steps"]
-    many = BatchDecoder(model, 5, sync_every=2)
-    started = time.perf_counter()
+    stats = one.engine.stats.copy()
+    steps = stats["decode_steps"]
+    assert stats["busy_row_steps"] == steps > 0
+    assert stats["filled_slot_steps"] == sum(len(prompts[0]) + k for k in range(steps))
+    spans = one.engine.span_steps.copy()
+    one.generate(prompts[:1], 12, stops)  # the same call again: the difference of two readings is that call's share
+    assert one.engine.stats - stats == stats and one.engine.span_steps - spans == spans
+    many = Decoder(model, 5, steps=2)
     many.generate(prompts, 12, stops)
-    wall = time.perf_counter() - started
-    # the host's time by part of the loop: each part ran, and together with the waits they fit in the call
-    assert set(many.host_seconds) == {"refill", "launch", "look"} and min(many.host_seconds.values()) > 0
-    assert sum(many.host_seconds.values()) + many.host_wait_seconds <= wall
-    span_row_steps = sum(span * n for span, n in many.span_steps.items()) * many.batch_size
-    assert 0 < many.busy_row_steps <= many.decode_steps * many.batch_size
-    assert 0 < many.filled_slot_steps < span_row_steps
+    stats = many.engine.stats
+    span_row_steps = sum(span * n for span, n in many.engine.span_steps.items()) * 5
+    assert 0 < stats["busy_row_steps"] <= stats["decode_steps"] * 5
+    assert 0 < stats["filled_slot_steps"] < span_row_steps
 
 
 def test_a_decoder_reused_for_another_chunk_of_other_lengths_gives_the_same_answers(tiny):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS)
-    decoder = BatchDecoder(model, 4)
+    decoder = Decoder(model, 4)
     first = decoder.generate(prompts[:5], 12, stops)
     longer = decoder.generate(prompts[5:], 30, stops)  # a longer cache: new state, same rows
     again = decoder.generate(prompts[:5], 12, stops)
     assert first == again
-    assert longer == BatchDecoder(model, 7).generate(prompts[5:], 30, stops)
+    assert longer == Decoder(model, 7).generate(prompts[5:], 30, stops)
 
 
 def test_smollm2_grouped_query_attention_rows_equal_plain_generate(smollm2_target):
@@ -137,7 +150,7 @@ def test_smollm2_grouped_query_attention_rows_equal_plain_generate(smollm2_targe
     tokenizer = AutoTokenizer.from_pretrained(smollm2_target)
     stops = stop_token_ids(tokenizer, model)
     prompts = rendered(tokenizer, QUESTIONS[:6])
-    got = BatchDecoder(model, 4).generate(prompts, 16, stops)
+    got = Decoder(model, 4).generate(prompts, 16, stops)
     with torch.inference_mode():
         assert got == [generate_one(model, p, 16, stops) for p in prompts]
 
@@ -150,19 +163,18 @@ def test_a_repeated_prompt_shares_one_prefill_and_answers_as_if_alone(tiny):
     sampling = Sampling(temperature=1.0, top_p=0.95)
     repeated = [p for p in prompts for _ in range(3)]
     seeds = [100 + i for i in range(len(repeated))]
-    decoder = BatchDecoder(model, 6, sync_every=2)
+    decoder = Decoder(model, 6, steps=2)
     got = decoder.generate(repeated, 20, stops, sampling, seeds)
-    alone = [BatchDecoder(model, 1).generate([p], 20, stops, sampling, [s])[0] for p, s in zip(repeated, seeds)]
+    alone = [Decoder(model, 1).generate([p], 20, stops, sampling, [s])[0] for p, s in zip(repeated, seeds)]
     assert got == alone
     assert len({tuple(t) for t, _ in got[:3]}) > 1  # the samples differ: each row drew with its own seed
-    assert decoder.prefill_tokens < sum(map(len, repeated))
+    assert decoder.engine.stats["prefill_tokens"] < sum(map(len, repeated))
     greedy = decoder.generate(repeated, 20, stops)
     assert greedy == [generate_one(model, p, 20, stops) for p in repeated]
     # prefill_limit counts distinct prompts: with room for one prompt a forward, each takes a prompt's three rows
     # (a batch that takes every request in its first refill)
-    split = BatchDecoder(model, len(repeated), sync_every=2, prefill_limit=max(map(len, prompts)))
-    forwards = []
-    split._prefill = lambda rows, group, *rest: (forwards.append(group), BatchDecoder._prefill(split, rows, group, *rest))
+    split = Decoder(model, len(repeated), steps=2, prefill_limit=max(map(len, prompts)))
+    forwards = split.record_prefills()
     assert split.generate(repeated, 20, stops, sampling, seeds) == got
     assert sorted(len(group) for group in forwards) == [3] * len(prompts)
     assert all(len({tuple(p) for p in group}) == 1 for group in forwards)
@@ -173,12 +185,12 @@ def test_sampled_rows_depend_on_prompt_and_seed_only(tiny):
     prompts = rendered(tokenizer, QUESTIONS)
     sampling = Sampling(temperature=1.0, top_p=0.95, top_k=50)
     seeds = list(range(100, 100 + len(prompts)))
-    one = BatchDecoder(model, 3).generate(prompts, 20, stops, sampling, seeds)
-    reversed_order = BatchDecoder(model, 8, sync_every=3).generate(prompts[::-1], 20, stops, sampling, seeds[::-1])
+    one = Decoder(model, 3).generate(prompts, 20, stops, sampling, seeds)
+    reversed_order = Decoder(model, 8, steps=3).generate(prompts[::-1], 20, stops, sampling, seeds[::-1])
     assert one == reversed_order[::-1]
-    other_seeds = BatchDecoder(model, 3).generate(prompts, 20, stops, sampling, [s + 1 for s in seeds])
+    other_seeds = Decoder(model, 3).generate(prompts, 20, stops, sampling, [s + 1 for s in seeds])
     assert other_seeds != one
-    greedy = BatchDecoder(model, 3).generate(prompts, 20, stops)
+    greedy = Decoder(model, 3).generate(prompts, 20, stops)
     assert one != greedy
 
 
@@ -187,19 +199,20 @@ def test_the_compiled_token_choice_draws_what_the_eager_one_draws(tiny):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS[:6])
     sampling, seeds = Sampling(temperature=0.8, top_p=0.9, top_k=40), list(range(6))
-    compiled = BatchDecoder(model, 4, compile_sampler=True)
+    compiled = Decoder(model, 4, compile_sampler=True)
     assert compiled.generate(prompts, 16, stops, sampling, seeds) == \
-        BatchDecoder(model, 4).generate(prompts, 16, stops, sampling, seeds)
-    assert compiled._choose is not choose_tokens  # compiled, not fallen back to the eager function
+        Decoder(model, 4).generate(prompts, 16, stops, sampling, seeds)
+    assert compiled.engine._choose_fn is not choose_tokens  # compiled, not fallen back to the eager function
 
 
 def test_compiled_layers_give_the_eager_greedy_answers(tiny_target, tiny):
-    """compile_layers compiles the model's RMSNorm and MLP modules in place (a model of its own here)."""
+    """compile_norms_and_mlps (regenerate's default on CUDA) compiles the model's RMSNorm and MLP modules in place (a model of its own here)."""
     _, tokenizer, stops = tiny
     model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
     prompts = rendered(tokenizer, QUESTIONS[:6])
-    want = BatchDecoder(model, 4).generate(prompts, 16, stops)
-    assert BatchDecoder(model, 4, compile_layers=True).generate(prompts, 16, stops) == want
+    want = Decoder(model, 4).generate(prompts, 16, stops)
+    compile_norms_and_mlps(model)
+    assert Decoder(model, 4).generate(prompts, 16, stops) == want
     compiled = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
     assert compiled and all(m._compiled_call_impl is not None for m in compiled)
 
@@ -208,23 +221,23 @@ def test_a_token_choice_that_fails_to_compile_falls_back_to_the_eager_one(tiny, 
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS[:4])
     sampling, seeds = Sampling(temperature=0.8, top_p=0.9), list(range(4))
-    decoder = BatchDecoder(model, 4, compile_sampler=True)
+    decoder = Decoder(model, 4, compile_sampler=True)
 
     def broken_compiler_output(*args):  # stands in for a torch.compile that raises on its first call
         raise RuntimeError("no C++ compiler")
 
-    decoder._choose = broken_compiler_output
+    decoder.engine._choose_fn = broken_compiler_output
     assert decoder.generate(prompts, 12, stops, sampling, seeds) == \
-        BatchDecoder(model, 4).generate(prompts, 12, stops, sampling, seeds)
-    assert decoder._choose is choose_tokens and "torch.compile of the token choice failed" in caplog.text
+        Decoder(model, 4).generate(prompts, 12, stops, sampling, seeds)
+    assert decoder.engine._choose_fn is choose_tokens and "torch.compile of the token choice failed" in caplog.text
 
 
 @pytest.mark.parametrize("sampling", [Sampling(temperature=0.7, top_k=1), Sampling(temperature=0.7, top_p=1e-6)])
 def test_sampling_cut_to_the_most_likely_token_is_greedy(tiny, sampling):
     model, tokenizer, stops = tiny
     prompts = rendered(tokenizer, QUESTIONS[:6])
-    assert BatchDecoder(model, 4).generate(prompts, 16, stops, sampling, list(range(6))) == \
-        BatchDecoder(model, 4).generate(prompts, 16, stops)
+    assert Decoder(model, 4).generate(prompts, 16, stops, sampling, list(range(6))) == \
+        Decoder(model, 4).generate(prompts, 16, stops)
 
 
 def test_the_per_row_uniforms_are_uniform_and_differ_by_seed_and_step():
@@ -282,19 +295,19 @@ def test_the_hf_backend_answers_alike_through_the_batched_decoder_and_generate(t
     eager.config._attn_implementation = "eager"
     padded = HFBackend(spec, {"batch_size": 4}, model=eager)
     got = batched.generate(requests, gen)
-    assert batched.decoder is not None and padded.decoder is None
+    assert batched.engine is not None and padded.engine is None
     assert got == padded.generate(requests, gen)
-    assert padded.decoder is None
+    assert padded.engine is None
 
 
 def test_bad_arguments_are_named(tiny):
     model, tokenizer, stops = tiny
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        BatchDecoder(model, 0)
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+        Decoder(model, 0).generate(rendered(tokenizer, QUESTIONS[:1]), 8, stops)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        BatchDecoder(model, 2, cuda_graphs=True)
+        Decoder(model, 2, cuda_graphs=True)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
-        BatchDecoder(model, 2).generate(rendered(tokenizer, QUESTIONS[:1]), 0, stops)
+        Decoder(model, 2).generate(rendered(tokenizer, QUESTIONS[:1]), 0, stops)
     eager = type(model)._from_config(model.config, attn_implementation="eager")
     with pytest.raises(ValueError, match="full-attention SDPA"):
-        BatchDecoder(eager, 2)
+        Decoder(eager, 2)

@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
 from draftsmith.decoding.engine import BatchTarget, NoDrafts, serve
+from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.ngrams import ContextNgrams, NgramIndex, prompt_lookup_candidates
 from draftsmith.decoding.reference import Eagle3Proposer, HybridProposer, PromptLookupProposer, draft_layers_forward
 from draftsmith.decoding.draft_kernels import use_sdpa
@@ -30,6 +31,7 @@ from draftsmith.decoding.static_cache import (
     KERNEL_SETTINGS,
     SPAN_GRANULE,
     TUNING_MARGIN,
+    CapturedStep,
     StepGraphs,
     fastest_setting,
     prompt_bucket,
@@ -247,7 +249,8 @@ def test_a_target_without_full_attention_sdpa_decodes_in_the_reference_loops_ali
 class EagerStepRecorder(StepGraphs):
     """Stand-in for CUDA-graph capture on the CPU (a mock, named as such: CI has no GPU): it records each step's
     key the way StepGraphs captures it and, like CapturedStep, keeps the first call's function and static copies of
-    its inputs that later calls copy into; then it runs that first function eagerly on them. So, as with a graph,
+    its inputs that later calls copy into; then it runs that first function eagerly on them (a key's first call
+WARM_UP_RUNS times more, as a capture's warm-up does). So, as with a graph,
     whatever a later call binds into its function rather than passing as an input is ignored.
     test_cuda_graph_replay_gives_the_eager_steps_tokens checks the same property with real graphs on a GPU."""
 
@@ -255,9 +258,12 @@ class EagerStepRecorder(StepGraphs):
         super().__init__(enabled=True)
 
     def run(self, key, fn, *inputs, tune=True, family=None):
+        captured = key in self.steps
         first, static = self.steps.setdefault(key, (fn, [x.clone() for x in inputs]))
         for s, x in zip(static, inputs):
             s.copy_(x)
+        for _ in range(0 if captured else CapturedStep.WARM_UP_RUNS):  # the capture's warm-up runs, for real
+            first(*static)
         return first(*static)
 
 
@@ -284,7 +290,7 @@ def test_steps_that_read_part_of_the_cache_decode_as_the_reference_does(tiny):
     stop, long = tiny["stop"], sum(tiny["prompts"], [])
     for length in (SPAN_GRANULE - 10, 2 * SPAN_GRANULE + 5):
         ids = (long * 10)[:length]
-        greedy = one(target, NoDrafts(target.device), ids, stop)
+        greedy = one(target, NoDrafts(), ids, stop)
         assert greedy.tokens == greedy_decode(tiny["target"], ids, MAX_NEW, stop).tokens
         a = one(target, proposer, ids, stop)
         b = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
@@ -325,6 +331,7 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
     spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
     assert captured == ({(1, q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
+                        | {("decode", 1, Sampling(), span) for span in spans}  # target-only greedy's step
                         | {("prefill", 1, 1, b, aux) for b in buckets for aux in (False, True)},
                         {(1, n, chain) for n in range(1, 5) for chain in (3, 0)}
                         | {("prefill", 1, 1, b - 1) for b in buckets})  # the draft's: its inputs but the last
@@ -337,7 +344,7 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
         assert padded.tokens == greedy.tokens and padded.accepted == reference.accepted  # the same drafts, too
         assert 0 < padded.ttft_seconds < padded.seconds and 0 < padded.tpot_seconds
         assert one(target, lookup, ids, stop).tokens == greedy.tokens
-        assert one(target, NoDrafts(target.device), ids, stop).tokens == greedy.tokens
+        assert one(target, NoDrafts(), ids, stop).tokens == greedy.tokens
         assert one(target, hybrid, ids, stop).tokens == greedy.tokens
     assert (set(target.buffers.graphs.steps), set(proposer.buffers.graphs.steps)) == captured
 
@@ -357,7 +364,7 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
     for concurrency in (1, 3):
         graphed.reserve(concurrency, 1024)
         graphed.capture(concurrency, 3, longest)
-        methods = [(NoDrafts(eager.device), NoDrafts(graphed.device)),
+        methods = [(NoDrafts(), NoDrafts()),
                    (BatchPromptLookupProposer(3, eager.device), BatchPromptLookupProposer(3, graphed.device))]
         for draft in drafts:
             tuned = BatchEagle3Proposer(draft, cuda_graphs=True, tune_kernels=True)
@@ -384,17 +391,17 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 @pytest.mark.parametrize("ragged", [False, True])
 def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragged):
-    """On a GPU, in float32: regenerate's BatchDecoder with its decode steps replayed as CUDA graphs (a graph per
-    span, or one for the ragged kernel's steps) gives the tokens of the same decoder run eagerly, greedy and sampled,
-    15 prompts on 3 rows refilled as answers end, a look every 2 steps."""
-    from draftsmith.decoding.batch import BatchDecoder
-    from draftsmith.decoding.sampling import Sampling
+    """On a GPU, in float32: the engine as regenerate runs it (`generate`: target-only, its decode steps replayed as
+    CUDA graphs, a graph per span or one for the ragged kernel's steps, prefills eager) gives the tokens of the same
+    engine run eagerly, greedy and sampled, 15 prompts on 3 rows refilled as answers end, 2 steps a round (read one
+    round late)."""
+    from draftsmith.decoding.engine import generate
 
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
     prompts, stop = tiny["prompts"] * 3, tiny["stop"]
     for sampling, seeds in ((None, None), (Sampling(temperature=0.9, top_p=0.9), list(range(len(prompts))))):
-        answers = [BatchDecoder(model, 3, cuda_graphs=graphs, sync_every=2, ragged=ragged)
-                   .generate(prompts, MAX_NEW, stop, sampling, seeds) for graphs in (False, True)]
+        answers = [generate(BatchTarget(TargetModel(model), cuda_graphs=graphs, ragged=ragged, capture_prefills=False),
+                            prompts, MAX_NEW, stop, 3, sampling, seeds, steps=2) for graphs in (False, True)]
         assert answers[1] == answers[0] and len(answers[0]) == len(prompts)
 
 

@@ -50,7 +50,7 @@ def check_rows(traces, want, k: int | None = None):
 
 
 def serve_greedy(target, prompts, concurrency, stop):
-    return serve(target, NoDrafts(target.device), prompts, concurrency, 3, MAX_NEW, stop)
+    return serve(target, NoDrafts(), prompts, concurrency, 3, MAX_NEW, stop)
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 3, 5])

@@ -97,7 +97,7 @@ def method_decoders(methods: list[str], target, proposers: dict, k: int, max_new
         def served(proposer):
             return lambda prompts: serve(target, proposer, prompts, concurrency, k, max_new_tokens, stop_ids)
 
-        return {m: served(NoDrafts(target.device) if m == BASELINE else proposers[m]) for m in methods}
+        return {m: served(NoDrafts() if m == BASELINE else proposers[m]) for m in methods}
 
     def decoder(method: str):
         if method == BASELINE:

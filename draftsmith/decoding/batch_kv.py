@@ -122,11 +122,10 @@ def right_padded(prompt: list[int], device, width: int | None = None) -> tuple[t
 class BatchKV:
     """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
 
-    Three kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
-    itself), a decode step of every row (one token at each row's `decode_slots`, attending to the first `span`
-    slots of the row: every busy row's sequence lies within them, so the step reads no more cache than it needs),
-    and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the first `span` slots through
-    the caller's mask: the engine's rounds, draftsmith.decoding.engine).
+    Two kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
+    itself), and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the first `span` slots
+    through the caller's mask: every busy row's sequence lies within them, so a step reads no more cache than it
+    needs; the engine's rounds, draftsmith.decoding.engine).
     """
 
     def __init__(self, rows: int, length: int):
@@ -134,7 +133,6 @@ class BatchKV:
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
         self.prefill_rows: torch.Tensor | None = None
-        self.decode_slots: torch.Tensor | None = None
         self.write_slots: torch.Tensor | None = None
         self.span = length
         self._all_rows: torch.Tensor | None = None
@@ -146,17 +144,13 @@ class BatchKV:
             self.values[layer_idx] = torch.zeros(shape, dtype=value.dtype, device=value.device)
             self._all_rows = torch.arange(self.rows, device=key.device)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if self.write_slots is not None:  # row r's q tokens at slots write_slots[r]: [rows, q, KV, D] indexed
-            keys[self._all_rows[:, None], :, self.write_slots] = key.transpose(1, 2)
-            values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
-            return keys[:, :, : self.span], values[:, :, : self.span]
         if self.prefill_rows is not None:
             width = key.shape[2]
             keys[self.prefill_rows, :, :width] = key
             values[self.prefill_rows, :, :width] = value
             return key, value
-        keys[self._all_rows, :, self.decode_slots] = key[:, :, 0]  # [rows, KV, D] at each row's slot
-        values[self._all_rows, :, self.decode_slots] = value[:, :, 0]
+        keys[self._all_rows[:, None], :, self.write_slots] = key.transpose(1, 2)  # [rows, q, KV, D] at each row's slots
+        values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
         return keys[:, :, : self.span], values[:, :, : self.span]
 
     def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, width: int) -> None:

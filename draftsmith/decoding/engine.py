@@ -1,36 +1,45 @@
-"""The decoding engine of the offline benchmark: N requests in flight (N = 1 at batch 1), each row taking the next prompt as
-soon as its answer ends (refill), target-only greedy and speculative decoding alike.
+"""The decoding engine, of the benchmark and of regenerate alike: N requests in flight (N = 1 at batch 1), each row
+taking the next prompt as soon as its answer ends (refill); speculative decoding with greedy verification, and
+target-only decoding, greedy or sampled.
 
 `serve` decodes N rows over one static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per
 request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.decoding.reference), so a
-row's output is comparable token for token with the reference's.
+row's output is comparable token for token with the reference's. `generate` is regenerate's entry (target-only, many
+prompts, a prompt's samples sharing one prefill).
 
 Layout: a request's prompt is left-padded into its row (`starts`: the slot where it begins) to the width of the
 prompts admitted with it (a prefill of those rows alone, while the other rows keep their state). Each row has its own
 write slot (`lengths`), its own position ids (slot - start) and its own mask (`row_mask`: its slots from its start up
 to the query's own), so a refilled row attends to nothing of its previous request: those entries lie past its write
-slot (overwritten before any query reaches them) or before its start. A target step reads the cache's first `span`
-slots only (`attention_span`: the furthest row's need, rounded up to SPAN_GRANULE): SDPA with a mask reads every slot
-it is given, and on one H100 SmolLM2's 4-token verification over 768 slots cost 0.53 ms more than a one-token step,
-0.31 ms more over 256 (docs/BENCHMARKS.md).
+slot (overwritten before any query reaches them) or before its start. A row without a request sits at slot 0. A
+target step reads the cache's first `span` slots only (`attention_span`: the furthest busy row's need, rounded up to
+SPAN_GRANULE): SDPA with a mask reads every slot it is given, and on one H100 SmolLM2's 4-token verification over 768
+slots cost 0.53 ms more than a one-token step, 0.31 ms more over 256 (docs/BENCHMARKS.md).
 
-Round (temperature 0): the proposer drafts per row (EAGLE-3: one draft forward over all rows per chain step; prompt
-lookup: an n-gram lookup per row, the drafts padded to the longest row's count; none: target-only greedy, one token a
-round); the target verifies every row's [last token, drafts] in one forward; each row accepts its own longest prefix
-of drafts equal to the target's argmax, plus the target's token after it (the bonus token), and advances its write
-slot by that count. A row's rejected slots are not cleared: the row's next round writes over them, and until then no
-query of the row attends to them. Drafts padded beyond a row's own proposal are never accepted. A row with no
-request (its answer ended, no prompt left) stays in the forward, adds nothing and its write slot stays.
+Speculative round (temperature 0): the proposer drafts per row (EAGLE-3: one draft forward over all rows per chain
+step; prompt lookup: an n-gram lookup per row, the drafts padded to the longest row's count); the target verifies
+every row's [last token, drafts] in one forward; each row accepts its own longest prefix of drafts equal to the
+target's argmax, plus the target's token after it (the bonus token), and advances its write slot by that count. A
+row's rejected slots are not cleared: the row's next round writes over them, and until then no query of the row
+attends to them. Drafts padded beyond a row's own proposal are never accepted.
 
-The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated).
+Target-only round (`NoDrafts`): `steps` decode steps on the device alone, each choosing every row's next token
+(sampling.choose_tokens: greedy, or a seeded draw per row and token index, so an answer depends on its prompt and seed
+only) and feeding it to the next; the host reads the round's tokens in one copy. With several steps a round
+(regenerate) the host reads each round while the device decodes the next (a row whose answer ended decodes one round
+more, unread), so its refills and bookkeeping overlap the device's work.
+
+The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated), or for target-only decode
+steps with `ragged` the Triton kernel that reads each row's own slots.
 
 CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), so a round's
-step of a shape (rows, tokens, span) is captured once (`capture`, before the timed runs) and replayed. A step reads the
-rows' slots from device buffers and writes nothing but the KV cache at them, so it can be replayed (and its capture's
-warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its own copy of
-them. A prefill is padded to its width's bucket and replayed per (rows, width); on a CPU everything runs eagerly, where
-the tests check the same code. The proposers for rows in flight (prompt lookup, EAGLE-3, the hybrid) are
-draftsmith.decoding.engine_proposers; `NoDrafts` here is target-only greedy.
+step of a shape (rows, tokens, span) is captured once (`capture`, before the timed runs) and replayed. A verification
+step reads the rows' slots from device buffers and writes nothing but the KV cache at them, so it can be replayed (and
+its capture's warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its
+own copy of them. A decode step advances its rows itself, so the steps its capture runs count (`decode` returns them).
+A prefill is padded to its width's bucket and replayed per (rows, width); on a CPU everything runs eagerly, where the
+tests check the same code. The proposers for rows in flight (prompt lookup, EAGLE-3, the hybrid) are
+draftsmith.decoding.engine_proposers.
 
 Timing, as a server's client sees it: the run's wall time is shared by its requests (`seconds`: wall time over the
 requests, so a method's summed seconds are the run's wall time and its tokens/s the throughput); per request, the time
@@ -40,12 +49,16 @@ from its admission to its first token (`ttft_seconds`) and the time per output t
 from __future__ import annotations
 
 import functools
+import logging
 import time
+from collections import Counter
 from typing import NamedTuple
 
 import torch
 
 from draftsmith.decoding.batch_kv import (
+    GROUPED_SDPA,
+    RAGGED_DECODE,
     BatchKV,
     attention_configs,
     grouped_attention,
@@ -55,17 +68,33 @@ from draftsmith.decoding.batch_kv import (
     right_padded,
     row_mask,
 )
-from draftsmith.decoding.static_cache import SPAN_GRANULE, StepGraphs, attention_span, prompt_bucket, prompt_buckets
+from draftsmith.decoding.sampling import Sampling, choose_tokens
+from draftsmith.decoding.static_cache import (
+    SPAN_GRANULE,
+    CapturedStep,
+    StepGraphs,
+    attention_span,
+    prompt_bucket,
+    prompt_buckets,
+)
 from draftsmith.decoding.target import TargetModel
-from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
+from draftsmith.decoding.trace import Trace, cut_output, synchronize
+
+log = logging.getLogger(__name__)
 
 CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
 PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape
+MAX_ROUND_STEPS = 64  # decode steps a round of target-only decoding takes at most
+# tokens (distinct prompts x the longest) one prefill forward takes at most: its mask grows with rows x width^2, and a
+# refill of 2,048 rows of 1,024-token prompts in one forward would need ~60 GB for the mask alone
+PREFILL_LIMIT = 32768
 
 
-def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
-    """The slots a row of `serve` needs: the longest prompt's padded width, the answer, and the last rounds past it."""
-    return prompt_bucket(max(len(p) for p in prompts)) + max_new_tokens + 3 * (k + 1)
+def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int, steps: int = 1) -> int:
+    """The slots a row of `serve` needs: the longest prompt's padded width, the answer, and the last rounds past it
+    (a round of `steps` decode steps read one round late runs two rounds past the answer's end)."""
+    return (prompt_bucket(max(len(p) for p in prompts)) + max_new_tokens + 3 * (k + 1)
+            + 2 * (steps + CapturedStep.WARM_UP_RUNS))
 
 
 class AdmittedPrompts(NamedTuple):
@@ -83,32 +112,80 @@ class AdmittedPrompts(NamedTuple):
 class RowBuffers:
     """One model's decoding buffers for batches of `rows` rows, reused batch after batch (captured steps address
     them): the KV cache, each row's first slot (`starts`) and next free slot (`lengths`), and the host's copy of the
-    latter."""
+    latter. For target-only decoding (`BatchTarget.decode`) also each row's next input (`tokens`), its seed, the
+    tokens its request has (`generated`: the sampler's index of the next), whether it holds a request (`active`), and
+    the tokens of a round by step (`out`, written at column `step`)."""
 
     def __init__(self, rows: int, length: int, device):
         self.cache = BatchKV(rows, -(-length // CACHE_GRANULE) * CACHE_GRANULE)
-        self.starts = torch.zeros(rows, dtype=torch.long, device=device)
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
-        self.host_lengths = [0] * rows
+        self.starts, self.lengths, self.tokens, self.seeds, self.generated = (
+            torch.zeros(rows, dtype=torch.long, device=device) for _ in range(5))
+        self.active = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.out = torch.zeros((rows, MAX_ROUND_STEPS + CapturedStep.WARM_UP_RUNS + 1), dtype=torch.long, device=device)
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+        self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
+        pinned = device.type == "cuda"
+        self._looks = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
 
     def clear(self) -> None:
         """Every row without a request: starting at slot 0, its next free slot 0."""
-        self.starts.zero_()
-        self.lengths.zero_()
-        self.host_lengths = [0] * len(self.host_lengths)
+        for buffer in (self.starts, self.lengths, self.tokens, self.seeds, self.generated, self.active):
+            buffer.zero_()
+        rows = len(self.host_lengths)
+        self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
 
-    def admit(self, rows: list[int], starts: torch.Tensor, length: int) -> None:
-        """`rows` hold new requests from slot `starts[i]` on, their next free slot `length`."""
+    def admit(self, rows: list[int], starts: torch.Tensor, length: int, host_starts: list[int] | None = None) -> None:
+        """`rows` hold new requests from slot `starts[i]` on (where given, the host's copy `host_starts`: for the
+        counts of filled slots), their next free slot `length`."""
         index = on_device(rows, self.starts.device)
         self.starts[index] = starts
         self.lengths.index_fill_(0, index, length)
+        for row, start in zip(rows, host_starts or [0] * len(rows)):
+            self.host_lengths[row], self.host_starts[row] = length, start
+
+    def begin_decoding(self, rows: list[int], first: torch.Tensor, seeds: torch.Tensor) -> None:
+        """`rows` decode on from their first tokens `first`, sampled with `seeds`."""
+        index = on_device(rows, self.starts.device)
+        self.tokens[index], self.seeds[index] = first, seeds
+        self.generated.index_fill_(0, index, 1)
+        self.active.index_fill_(0, index, True)
         for row in rows:
-            self.host_lengths[row] = length
+            self.host_active[row] = True
+
+    def release(self, rows: list[int]) -> None:
+        """`rows` hold no request: each writes and reads slot 0 alone (so no step's span need reach its old slots,
+        and its mask is never empty: an empty one gives NaN, which a masked slot still spreads, 0 * NaN) and a
+        decode step leaves it there."""
+        if not rows:
+            return
+        index = on_device(rows, self.starts.device)
+        for buffer in (self.starts, self.lengths, self.active):
+            buffer.index_fill_(0, index, 0)
+        for row in rows:
+            self.host_lengths[row], self.host_starts[row], self.host_active[row] = 0, 0, False
 
     def advance(self, counts: list[int]) -> None:
         """Each row's next free slot `counts[row]` further on."""
         self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
         self.lengths += on_device(counts, self.lengths.device)  # queued, not a blocking copy (on_device)
+
+    def look(self, columns: int):
+        """The first `columns` of `out` copied to the host (asynchronously on CUDA, into one of two pinned buffers);
+        call the result for them as lists (waiting for the copy)."""
+        host = self._looks[0][:, :columns]
+        self._looks.reverse()
+        cuda = self.out.device.type == "cuda"
+        host.copy_(self.out[:, :columns], non_blocking=cuda)
+        event = torch.cuda.Event() if cuda else None
+        if event is not None:
+            event.record()
+
+        def read() -> list[list[int]]:
+            if event is not None:
+                event.synchronize()
+            return host.tolist()
+
+        return read
 
     def check_width(self, width: int, what: str) -> None:
         """A clear error where a prompt of `width` slots does not fit a row."""
@@ -126,11 +203,12 @@ class RowBuffers:
 class RowBufferSet:
     """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
 
-    def __init__(self, cuda_graphs: bool, device, tune_kernels: bool = False):
+    def __init__(self, cuda_graphs: bool, device, tune_kernels: bool = False, capture_prefills: bool = True):
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
         self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
         self.device = device
+        self.capture_prefills = capture_prefills
         self.by_rows: dict[int, RowBuffers] = {}
 
     def reserve(self, rows: int, length: int) -> RowBuffers:
@@ -147,7 +225,7 @@ class RowBufferSet:
         PREFILL_GRAPH_WIDTH tokens a row replayed from a capture per (the buffers' row count, *key), eager beyond. The
         row count is in the key because a graph writes the cache it was captured on: a one-row refill at 16 in flight
         replaying batch 1's ran its row index past that one-row cache (a device-side assert on one H100)."""
-        if inputs[0].shape[1] > PREFILL_GRAPH_WIDTH:
+        if inputs[0].shape[1] > PREFILL_GRAPH_WIDTH or not self.capture_prefills:
             return step(*inputs)
         return self.graphs.run(("prefill", buffers.cache.rows, *key), step, *inputs, tune=False)
 
@@ -160,18 +238,40 @@ def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int
 
 class BatchTarget:
     """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`; with
-    `tune_kernels` each step shape is captured under every kernel setting and replayed with the fastest (`StepGraphs`;
-    the spans of one shape share the setting tuned on the first)."""
+    `tune_kernels` each verification's shape is captured under every kernel setting and replayed with the fastest
+    (`StepGraphs`; the spans of one shape share the setting tuned on the first). `ragged` decode steps attend to each
+    row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel) rather than every row to the common span,
+    one graph for every step; `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels:
+    each bisection step of the nucleus reads the vocabulary once instead of three times); `capture_prefills` False runs
+    every prefill eagerly at the prompts' own width (regenerate: a refill of many rows of any width, whose shapes a
+    graph each would not pay back). `prefill_limit`: the tokens one prefill forward takes at most (`serve`)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
 
-    def __init__(self, target: TargetModel, cuda_graphs: bool = False, tune_kernels: bool = False):
+    def __init__(self, target: TargetModel, cuda_graphs: bool = False, tune_kernels: bool = False,
+                 ragged: bool = False, compile_sampler: bool = False, capture_prefills: bool = True,
+                 prefill_limit: int = PREFILL_LIMIT):
         if not target.static:
             raise ValueError("the engine needs a full-attention SDPA target (its masks are built here)")
+        if prefill_limit < 1:
+            raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
+        if ragged:
+            from draftsmith.decoding.ragged_attention import ragged_attention_available
+
+            problem = ragged_attention_available(target.device)
+            if problem:
+                raise ValueError(f"ragged decode steps: {problem}")
         self.target = target
         self.device = target.device
-        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=tune_kernels)
+        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=tune_kernels,
+                                    capture_prefills=capture_prefills)
+        self.ragged, self.prefill_limit = ragged, prefill_limit
+        self._choose_fn = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         self._attention = attention_configs(target.model)
+        # running counts, for throughput reports (the difference of two readings covers the calls between): decode
+        # steps, the rows busy in them and the slots their sequences filled, prefilled tokens; decode steps by span
+        self.stats: Counter = Counter()
+        self.span_steps: Counter = Counter()
 
     def reserve(self, rows: int, length: int) -> None:
         """Buffers for `rows` rows of at least `length` slots (the prompt's width and what follows it), so that the
@@ -189,22 +289,43 @@ class BatchTarget:
         instead, so that its sequence starts at slot 0 and no step's span reads its padding (the padding's slots lie
         past its write slot, overwritten before any query reaches them). With CUDA graphs the width is the longest's
         bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers'
-        rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. Returns the prompts
-        as the rows hold them (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
-        width = prompt_bucket(max(len(p) for p in prompts)) if self.buffers.graphs.enabled else None
+        rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. A prompt that
+        several rows take (samples of one prompt) runs once, into its first row, whose cache the others copy. Returns
+        the prompts as the rows hold them (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
+        distinct: dict[tuple, int] = {}
+        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        if len(distinct) < len(prompts):
+            lead: dict[int, int] = {}
+            for row, k in zip(rows, which):
+                lead.setdefault(k, row)
+            admitted, logits = self._prefill(list(lead.values()), [list(p) for p in distinct], with_aux)
+            followers = [(lead[k], row) for row, k in zip(rows, which) if lead[k] != row]
+            self.rows.cache.copy_rows(*on_device(followers, self.device).T, admitted.ids.shape[1])
+            pick = on_device(which, self.device)
+            host_starts = [self.rows.host_starts[lead[k]] for k in which]
+            self.rows.admit(rows, admitted.starts[pick], admitted.last + 1, host_starts)
+            aux = admitted.aux[pick] if admitted.aux is not None else None
+            return AdmittedPrompts(admitted.ids[pick], admitted.starts[pick], admitted.last, aux), logits[pick]
+        return self._prefill(rows, prompts, with_aux)
+
+    def _prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool):
+        bucketed = self.buffers.graphs.enabled and self.buffers.capture_prefills
+        width = prompt_bucket(max(len(p) for p in prompts)) if bucketed else None
         if len(prompts) == 1:
             ids, starts = right_padded(prompts[0], self.device, width)
-            last = len(prompts[0]) - 1
+            last, host_starts = len(prompts[0]) - 1, [0]
         else:
             ids, starts = left_padded(prompts, self.device, width)
             last = ids.shape[1] - 1
+            host_starts = [ids.shape[1] - len(p) for p in prompts]
         width = ids.shape[1]
         self.rows.check_width(width, "target's")
+        self.stats["prefill_tokens"] += ids.numel()
         index = on_device(rows, self.device)
         step = functools.partial(self._prefill_step, with_aux=with_aux)
         kept = on_device([last], self.device)
         logits, aux = self.buffers.prefill(self.rows, (len(rows), width, with_aux), step, ids, starts, index, kept)
-        self.rows.admit(rows, starts, last + 1)
+        self.rows.admit(rows, starts, last + 1, host_starts)
         return AdmittedPrompts(ids, starts, last, aux), logits[:, -1]
 
     def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, kept: torch.Tensor,
@@ -220,6 +341,74 @@ class BatchTarget:
                                         cache_position=slots, past_key_values=cache)
         finally:
             cache.prefill_rows = None
+
+    def first_tokens(self, rows: list[int], logits: torch.Tensor, sampling: Sampling, seeds: list[int]) -> torch.Tensor:
+        """The first token [R] of each of `rows`' new requests, chosen from its prompt's last logits (the draw of its
+        token 0 with its seed); the rows' decode state (`RowBuffers.begin_decoding`) starts from it."""
+        row_seeds = on_device(seeds, self.device)
+        first = choose_tokens(logits, sampling, row_seeds, torch.zeros_like(row_seeds))
+        self.rows.begin_decoding(rows, first, row_seeds)
+        return first
+
+    def decode(self, steps: int, sampling: Sampling) -> int:
+        """`steps` decode steps of every row, each taking the token the step before chose, on the device alone; the
+        round's tokens land in `rows.out` (column 0: each row's input to the round, then one column a step). Returns
+        the steps that ran: a step's first capture as a CUDA graph runs it WARM_UP_RUNS times more (for real)."""
+        rows = self.rows
+        ahead = steps + CapturedStep.WARM_UP_RUNS
+        rows.check(ahead, "target's")
+        busy = [r for r, on in enumerate(rows.host_active) if on]
+        span = rows.cache.length if self.ragged else attention_span(
+            max((rows.host_lengths[r] for r in busy), default=0) + ahead, rows.cache.length)
+        key = ("decode", rows.cache.rows, sampling, span)
+        ran = steps + (CapturedStep.WARM_UP_RUNS if self.buffers.graphs.enabled and
+                       key not in self.buffers.graphs.steps else 0)
+        rows.out[:, 0] = rows.tokens
+        rows.step.fill_(1)
+        step = functools.partial(self._decode_step, span=span, sampling=sampling)
+        for _ in range(steps):
+            self.buffers.graphs.run(key, step, tune=False)
+        for r in busy:
+            rows.host_lengths[r] += ran
+        self.stats["decode_steps"] += ran
+        self.stats["busy_row_steps"] += ran * len(busy)
+        self.stats["filled_slot_steps"] += ran * sum(rows.host_lengths[r] - rows.host_starts[r] - ran for r in busy)
+        self.span_steps[span] += ran
+        return ran
+
+    def _decode_step(self, span: int, sampling: Sampling) -> None:
+        """One token for every row (what a graph captures), attending to the first `span` slots (ragged: each row's
+        own); a row without a request (`RowBuffers.release`) stays at slot 0."""
+        rows = self.rows
+        slots = rows.lengths[:, None]
+        if self.ragged:
+            mask, attention = torch.stack((rows.starts, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
+        else:
+            mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
+        rows.cache.write_slots, rows.cache.span = slots, span
+        try:
+            with grouped_attention(self._attention, attention):
+                logits, _ = self.target.call(1, False, input_ids=rows.tokens[:, None], attention_mask=mask,
+                                             position_ids=(slots - rows.starts[:, None]).clamp(min=0),
+                                             cache_position=slots[0], past_key_values=rows.cache)
+        finally:
+            rows.cache.write_slots, rows.cache.span = None, rows.cache.length
+        chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
+        rows.out.index_copy_(1, rows.step, chosen[:, None])
+        rows.step += 1
+        rows.tokens.copy_(chosen)
+        rows.generated += 1
+        rows.lengths += rows.active
+
+    def _choose(self, logits, sampling, seeds, steps) -> torch.Tensor:
+        try:
+            return self._choose_fn(logits, sampling, seeds, steps)
+        except Exception as err:  # a compiler that fails does so on the first (eager, uncaptured) step
+            if self._choose_fn is choose_tokens:
+                raise
+            log.warning("torch.compile of the token choice failed (%s: %s); choosing eagerly", type(err).__name__, err)
+            self._choose_fn = choose_tokens
+            return choose_tokens(logits, sampling, seeds, steps)
 
     def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
@@ -255,7 +444,7 @@ class BatchTarget:
     @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
     def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
         """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens at every span; with
-        and without the auxiliary states) and, given the longest prompt, one row's prefill at every bucket up to its
+        and without the auxiliary states; target-only greedy's decode step) and, given the longest prompt, one row's prefill at every bucket up to its
         (a refill's, or each prompt's at batch 1), so that none is captured inside a timed decode. Reserve the buffers
         first."""
         if not self.buffers.graphs.enabled:
@@ -268,6 +457,10 @@ class BatchTarget:
                                 min(span, length) - q)  # the furthest row's need: the span's last q slots
                 for with_aux in aux:
                     self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
+            zeros = torch.zeros(rows, dtype=torch.long, device=self.device)  # target-only greedy's decode step:
+            self.rows.admit(everyone, zeros, min(span, length) - 1 - CapturedStep.WARM_UP_RUNS)  # ends at the span
+            self.rows.begin_decoding(everyone, zeros, zeros)
+            self.decode(1, Sampling())
         for bucket in captured_prefill_widths(longest_prompt, length):
             for with_aux in aux:
                 self.prefill([0], [[0] * bucket], with_aux=with_aux)
@@ -275,12 +468,10 @@ class BatchTarget:
 
 
 class NoDrafts:
-    """Target-only greedy decoding as a proposer: no drafts, so each round verifies the last token alone."""
+    """Target-only decoding as a proposer: no drafts, so `serve` decodes each round on the device alone
+    (`BatchTarget.decode`): greedy or sampled, one step a round or several."""
 
     needs_aux = False
-
-    def __init__(self, device):
-        self.device = device
 
     def begin(self, rows: int, length: int) -> None:
         pass
@@ -288,96 +479,175 @@ class NoDrafts:
     def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
         pass
 
-    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
-        return torch.zeros((len(contexts), 0), dtype=torch.long, device=self.device), [0] * len(contexts)
-
-    def accept(self, next_tokens, aux, counts) -> None:
-        pass
-
 
 @torch.inference_mode()
 def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: int, k: int, max_new_tokens: int,
-          stop_ids: set[int]) -> list[Trace]:
-    """Greedy decoding of every prompt with `concurrency` requests in flight, in order, a row taking the next prompt
-    as soon as its answer ends: speculative with `proposer` (NoDrafts: target-only) and up to k drafts a round."""
+          stop_ids: set[int], sampling: Sampling | None = None, seeds: list[int] | None = None, steps: int = 1,
+          progress=None) -> list[Trace]:
+    """Every prompt decoded with `concurrency` requests in flight, in order, rows taking the next prompts as their
+    answers end (a prefill of at most `target.prefill_limit` tokens, once at least 1/64 of the rows are free), each
+    answer cut by the stopping rule: speculative with `proposer` (greedy verification, up to k drafts a round), or
+    with NoDrafts target-only, greedy or sampled (`sampling`, a seed per prompt), `steps` decode steps a round. A round
+    of several steps is read one round late: the device decodes the next round while the host reads this one and
+    refills (a row whose answer ended decodes one round more, unread). `progress(n)`: n more answers done."""
+    sampling = sampling or Sampling()
+    drafting = not isinstance(proposer, NoDrafts)
     if k < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+    if drafting and not sampling.greedy:
+        raise ValueError("speculative decoding here verifies greedily: sampling needs target-only decoding")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not 1 <= steps <= MAX_ROUND_STEPS:
+        raise ValueError(f"a round takes 1 to {MAX_ROUND_STEPS} decode steps, got {steps}")
+    seeds = list(seeds) if seeds is not None else [0] * len(prompts)
     device = target.device
     rows = min(concurrency, len(prompts))
-    length = serve_length(prompts, max_new_tokens, k)
+    length = serve_length(prompts, max_new_tokens, k, steps)
     target.begin(rows, length)
     proposer.begin(rows, length)
-    queue = list(range(len(prompts)))
+    lagging = not drafting and steps > 1
+    queue = list(range(len(prompts)))[::-1]  # pop() takes the next
     owner = [-1] * rows  # each row's request (-1: none)
+    since = [0] * rows  # the first round each row's request is in
     contexts: list[list[int]] = [[] for _ in range(rows)]  # host copies for n-gram lookup
     traces: list[Trace | None] = [None] * len(prompts)
     admitted, finished = [0.0] * len(prompts), [0.0] * len(prompts)
     last = torch.zeros(rows, dtype=torch.long, device=device)
-    drafting = not isinstance(proposer, NoDrafts)
+    looks: list = []  # target-only rounds launched and not yet read: (round, read)
+    launched = 0  # rounds launched
+    refill_at = max(1, rows // 64)
     synchronize(device)
     start = time.perf_counter()
+
+    def record(row: int, new: list[int], forwards: int, now: float, free: list[int]) -> None:
+        """`new` tokens of the row's answer (cut by the stopping rule), from `forwards` target forwards."""
+        i = owner[row]
+        trace = traces[i]
+        if not trace.tokens:
+            trace.first_token_seconds = trace.ttft_seconds = now - admitted[i]
+        new = cut_output(new, max_new_tokens - len(trace.tokens), stop_ids)
+        trace.tokens += new
+        trace.target_forwards += forwards
+        if drafting:
+            contexts[row] += new
+        if len(trace.tokens) >= max_new_tokens or (new and new[-1] in stop_ids):
+            finished[i], owner[row] = now, -1
+            free.append(row)
+
+    def next_prefill(free: list[int]) -> list[int]:
+        """The queue's next prompts for one prefill: at most one a free row, distinct prompts x the longest at most
+        the prefill limit (one at least)."""
+        take, distinct, longest = [], set(), 0
+        while queue and len(take) < len(free):
+            prompt = prompts[queue[-1]]
+            more = len(distinct | {tuple(prompt)}) * max(longest, len(prompt))
+            if take and more > target.prefill_limit:
+                break
+            take.append(queue.pop())
+            distinct.add(tuple(prompt))
+            longest = max(longest, len(prompt))
+        return take
 
     def refill(free: list[int], at: float) -> None:
         """The next prompts into the `free` rows, which came free at time `at` (a client in a closed loop sends its
         next request as its last answer ends): their time to first token counts from then."""
-        while free and queue:
-            take = [queue.pop(0) for _ in range(min(len(free), len(queue)))]
+        target.rows.release(free)
+        while free and queue and (len(free) >= min(refill_at, len(queue)) or len(free) == rows):
+            take = next_prefill(free)
             used, free[:] = free[: len(take)], free[len(take):]
             admitted_prompts, logits = target.prefill(used, [prompts[i] for i in take], with_aux=proposer.needs_aux)
-            first = logits.argmax(-1)
-            last[on_device(used, device)] = first
+            first = target.first_tokens(used, logits, sampling, [seeds[i] for i in take])
             proposer.prefill(used, admitted_prompts, first)
-            now = time.perf_counter()
-            for row, i, token in zip(used, take, first.tolist()):
-                admitted[i] = at
-                traces[i] = Trace(tokens=[token], target_forwards=1, first_token_seconds=now - at, ttft_seconds=now - at)
-                owner[row], contexts[row] = i, list(prompts[i]) + [token]
-                if answer_done(traces[i].tokens, traces[i].tokens, max_new_tokens, stop_ids):
-                    finished[i], owner[row] = now, -1
-                    free.append(row)
+            for row, i in zip(used, take):
+                admitted[i], owner[row], since[row] = at, i, launched
+                traces[i] = Trace(tokens=[], target_forwards=0)
+                contexts[row] = list(prompts[i]) if drafting else []
+            if lagging:  # the first tokens come with the next round's (column 0)
+                continue
+            if drafting:
+                last[on_device(used, device)] = first
+            firsts, now = first.tolist(), time.perf_counter()
+            done: list[int] = []
+            for row, token in zip(used, firsts):
+                record(row, [token], 1, now, done)
+            if done:
+                target.rows.release(done)
+                free += done
+                if progress is not None:
+                    progress(len(done))
             at = now
 
     refill(list(range(rows)), start)
     while any(o >= 0 for o in owner):
-        draft, proposed = proposer.propose(contexts, k)
-        m = draft.shape[1]
-        inputs = torch.cat([last[:, None], draft], dim=1) if m else last[:, None]
-        logits, aux = target.forward(inputs, with_aux=proposer.needs_aux)
-        verified = logits.argmax(-1)  # [B, m + 1]: the target's token after each input position
-        both = (torch.cat([draft, verified], dim=1) if m else verified).tolist()  # the round's one host sync
-        drafted, target_tokens = [b[:m] for b in both], [b[m:] for b in both]
-        now = time.perf_counter()
-        counts, free = [], []
-        for row, i in enumerate(owner):
-            if i < 0:
-                counts.append(0)
+        free: list[int] = []
+        if drafting:
+            draft, proposed = proposer.propose(contexts, k)
+            m = draft.shape[1]
+            inputs = torch.cat([last[:, None], draft], dim=1) if m else last[:, None]
+            logits, aux = target.forward(inputs, with_aux=proposer.needs_aux)
+            verified = logits.argmax(-1)  # [B, m + 1]: the target's token after each input position
+            both = (torch.cat([draft, verified], dim=1) if m else verified).tolist()  # the round's one host sync
+            drafted, target_tokens = [b[:m] for b in both], [b[m:] for b in both]
+            now = time.perf_counter()
+            counts = [0] * rows
+            for row, i in enumerate(owner):
+                if i < 0:
+                    continue
+                accepted = 0
+                while accepted < proposed[row] and drafted[row][accepted] == target_tokens[row][accepted]:
+                    accepted += 1
+                traces[i].proposed.append(proposed[row])
+                traces[i].accepted.append(accepted)
+                counts[row] = accepted + 1
+                record(row, target_tokens[row][: accepted + 1], 1, now, free)
+            proposer.accept(verified, aux, counts)
+            target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
+            # the bonus tokens from the host's copy: one queued copy rather than a round of indexing kernels
+            last = on_device([tokens[c - 1] if c else 0 for tokens, c in zip(target_tokens, counts)], device)
+        else:
+            ran = target.decode(steps, sampling)
+            looks.append((launched, target.rows.look(ran + 1)))
+            launched += 1
+            if lagging and len(looks) < 2:
                 continue
-            trace, accepted = traces[i], 0
-            while accepted < proposed[row] and drafted[row][accepted] == target_tokens[row][accepted]:
-                accepted += 1
-            new = target_tokens[row][: accepted + 1]
-            if drafting:  # target-only greedy has no rounds of drafts
-                trace.proposed.append(proposed[row])
-                trace.accepted.append(accepted)
-            trace.target_forwards += 1
-            trace.tokens += new
-            contexts[row] += new
-            counts.append(accepted + 1)
-            if answer_done(trace.tokens, new, max_new_tokens, stop_ids):
-                finished[i], owner[row] = now, -1
-                free.append(row)
-        proposer.accept(verified, aux, counts)
-        target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
-        # the bonus tokens from the host's copy: one queued copy rather than a round of indexing kernels
-        last = on_device([tokens[c - 1] if c else 0 for tokens, c in zip(target_tokens, counts)], device)
-        for row in free:
-            contexts[row] = []
+            round_, read = looks.pop(0)
+            tokens, now = read(), time.perf_counter()
+            for row, i in enumerate(owner):
+                if i >= 0 and since[row] <= round_:
+                    new = tokens[row][1 if traces[i].tokens else 0:]  # column 0: the first token, where unread
+                    record(row, new, len(new), now, free)
+        if progress is not None and free:
+            progress(len(free))
         refill(free, now)
     synchronize(device)
     wall = time.perf_counter() - start
     for i, trace in enumerate(traces):
-        trace.tokens = cut_output(trace.tokens, max_new_tokens, stop_ids)
         trace.seconds = wall / len(traces)  # the requests share the run's wall time: summed, its throughput
         after_first = finished[i] - admitted[i] - trace.ttft_seconds
         trace.tpot_seconds = after_first / (len(trace.tokens) - 1) if len(trace.tokens) > 1 else None
     return traces
+
+
+def generate(target: BatchTarget, prompts: list[list[int]], max_new_tokens: int, stop_ids, concurrency: int,
+             sampling: Sampling | None = None, seeds: list[int] | None = None, steps: int = 1,
+             progress=None) -> list[tuple[list[int], str]]:
+    """Target-only answers (tokens without the stop token, "stop" or "length") to every prompt, in order, with
+    `concurrency` rows in flight (`serve` with NoDrafts): the longest prompts first, a prompt's repeats (its samples)
+    side by side, so that one prefill serves them."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if not prompts:
+        return []
+    stops = set(stop_ids)
+    seeds = list(seeds) if seeds is not None else [0] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), prompts[i], i))
+    traces = serve(target, NoDrafts(), [prompts[i] for i in order], concurrency, 1, max_new_tokens, stops, sampling,
+                   [seeds[i] for i in order], steps, progress)
+    answers: list = [None] * len(prompts)
+    for i, trace in zip(order, traces):
+        stopped = bool(trace.tokens) and trace.tokens[-1] in stops
+        answers[i] = (trace.tokens[:-1], "stop") if stopped else (trace.tokens, "length")
+    return answers

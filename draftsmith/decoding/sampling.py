@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen: greedy at temperature 0, else seeded sampling (top_k 0 and top_p 1: off)."""
 

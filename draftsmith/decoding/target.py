@@ -30,9 +30,8 @@ class TargetModel:
         self.aux_layer_ids = list(aux_layer_ids or [])
         self._capturing = False
         self._captured: dict[int, torch.Tensor] = {}
-        decoder = find_decoder(model)
         for layer_id in self.aux_layer_ids:
-            decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
+            find_decoder(model).layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
         self._keeps_logits = keeps_logits(model)
         self.static = full_attention_sdpa(model)
         self.cache: DynamicCache | None = None

@@ -1,10 +1,10 @@
 """The `hf` regenerate backend: a Hugging Face model on the CPU or one GPU.
 
-A full-attention SDPA model (Llama, Qwen, SmolLM2, ...) decodes with draftsmith.decoding.batch: `batch_size` rows
-over a static KV cache, each row refilled with the next prompt as soon as its answer ends, the decode step replayed
-as a CUDA graph on a GPU, where each row's attention reads only its own cache slots (`attention: ragged`, a Triton
-kernel; `span`: SDPA over the busy rows' common span). Sampling there draws from seeded counter-based noise per row
-(`choose_tokens`).
+A full-attention SDPA model (Llama, Qwen, SmolLM2, ...) decodes with the engine of draftsmith.decoding.engine
+(`generate`, target-only): `batch_size` rows over a static KV cache, each row refilled with the next prompt as soon as
+its answer ends, the decode step replayed as a CUDA graph on a GPU, 16 steps a round read one round late, where each
+row's attention reads only its own cache slots (`attention: ragged`, a Triton kernel; `span`: SDPA over the busy
+rows' common span). Sampling there draws from seeded counter-based noise per row (`choose_tokens`).
 
 Any other model (sliding-window attention, ...) goes through transformers' `generate` in left-padded batches:
 requests sorted longest first, `batch_size` at a time, left-padded with the pad token (else the first stop token).
@@ -22,15 +22,25 @@ import logging
 import torch
 from transformers import LogitsProcessor
 
-from draftsmith.decoding.batch import BatchDecoder
+from draftsmith.decoding.engine import BatchTarget, generate
 from draftsmith.decoding.ragged_attention import ragged_attention_available
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.static_cache import full_attention_sdpa
+from draftsmith.decoding.target import TargetModel
 from draftsmith.target_model.spec import TargetSpec
 
 log = logging.getLogger(__name__)
 
-BATCH_DECODER = "draftsmith.decoding.batch v2"
+BATCH_DECODER = "draftsmith.decoding.engine v3"
+GPU_ROUND_STEPS = 16  # decode steps a round on a GPU, between the host's looks at the rows
+
+
+def compile_norms_and_mlps(model) -> None:
+    """The model's RMSNorm and MLP modules compiled in place (their elementwise kernels fused; their shapes do not
+    change with the attention span, so the decode steps' graphs share one compiled version)."""
+    for module in model.modules():
+        if type(module).__name__.endswith(("RMSNorm", "MLP")):
+            module.compile()
 
 
 class SeededSampler(LogitsProcessor):
@@ -73,7 +83,7 @@ class HFBackend:
         if self.batch_size < 1:
             raise ValueError("regenerate.batch_size must be >= 1")
         self.model = model
-        self.decoder: BatchDecoder | None = None
+        self.engine: BatchTarget | None = None
         # what else determines the answers, beyond the sampling settings (the driver's fingerprint has dtype): the
         # batched decoder samples with its own noise, so its answers are not those of the generate path before it
         self.settings: dict = {"decoder": BATCH_DECODER}
@@ -113,14 +123,16 @@ class HFBackend:
         return self._generate_padded(requests, gen, progress)
 
     def _generate_batched(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
-        if self.decoder is None:
-            on_gpu = next(self.model.parameters()).device.type == "cuda"
-            self.decoder = BatchDecoder(self.model, self.batch_size, sync_every=16 if on_gpu else 1,
-                                        compile_sampler=on_gpu, compile_layers=on_gpu and self.compile_layers,
-                                        ragged=on_gpu and self.ragged)
+        on_gpu = next(self.model.parameters()).device.type == "cuda"
+        if self.engine is None:
+            if on_gpu and self.compile_layers:
+                compile_norms_and_mlps(self.model)
+            self.engine = BatchTarget(TargetModel(self.model), cuda_graphs=on_gpu, ragged=on_gpu and self.ragged,
+                                      compile_sampler=on_gpu, capture_prefills=False)
         sampling = Sampling(gen["temperature"], gen["top_p"], gen["top_k"])
-        answers = self.decoder.generate([r["prompt_ids"] for r in requests], gen["max_new_tokens"], gen["stop_ids"],
-                                        sampling, [r["seed"] for r in requests], progress)
+        answers = generate(self.engine, [r["prompt_ids"] for r in requests], gen["max_new_tokens"], gen["stop_ids"],
+                           self.batch_size, sampling, [r["seed"] for r in requests],
+                           steps=GPU_ROUND_STEPS if on_gpu else 1, progress=progress)
         return [{"token_ids": tokens, "finish_reason": reason} for tokens, reason in answers]
 
     def _generate_padded(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
@@ -159,4 +171,4 @@ class HFBackend:
         return [answers[i] for i in range(len(requests))]
 
     def close(self):
-        self.model = self.decoder = None
+        self.model = self.engine = None

@@ -40,22 +40,23 @@ def decoder_against_span(target_dir: str) -> None:
     from test_batch_decoding import QUESTIONS, rendered
     from transformers import AutoTokenizer
 
-    from draftsmith.decoding.batch import BatchDecoder
+    from draftsmith.decoding.engine import BatchTarget, generate
     from draftsmith.decoding.sampling import Sampling
+    from draftsmith.decoding.target import TargetModel
     from draftsmith.target_model.spec import TargetSpec, stop_token_ids
 
     model = TargetSpec(target_dir).load_causal_lm(torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     stops = stop_token_ids(tokenizer, model)
     prompts = rendered(tokenizer, QUESTIONS)
-    ragged = BatchDecoder(model, 3, sync_every=2, ragged=True)
-    greedy = ragged.generate(prompts, 16, stops)
-    assert greedy == BatchDecoder(model, 3, sync_every=2).generate(prompts, 16, stops)
+    ragged = BatchTarget(TargetModel(model), ragged=True)
+    greedy = generate(ragged, prompts, 16, stops, 3, steps=2)
+    assert greedy == generate(BatchTarget(TargetModel(model)), prompts, 16, stops, 3, steps=2)
     assert {reason for _, reason in greedy} == {"stop", "length"}  # rows end early and are refilled mid-decode
-    assert set(ragged.span_steps) == {ragged.length}  # one step shape: each row reads its own slots
+    assert set(ragged.span_steps) == {ragged.rows.cache.length}  # one step shape: each row reads its own slots
     sampling, seeds = Sampling(temperature=0.9, top_p=0.9), list(range(len(prompts)))
-    assert BatchDecoder(model, 4, ragged=True).generate(prompts, 16, stops, sampling, seeds) == \
-        BatchDecoder(model, 4).generate(prompts, 16, stops, sampling, seeds)
+    assert generate(BatchTarget(TargetModel(model), ragged=True), prompts, 16, stops, 4, sampling, seeds) == \
+        generate(BatchTarget(TargetModel(model)), prompts, 16, stops, 4, sampling, seeds)
     print(f"{len(prompts)} prompts: ragged answers equal the span path's, greedy and sampled")
 
 

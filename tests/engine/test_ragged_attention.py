@@ -19,7 +19,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from draftsmith.decoding.batch import BatchDecoder  # noqa: E402
+from draftsmith.decoding.engine import BatchTarget  # noqa: E402
+from draftsmith.decoding.target import TargetModel  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -49,4 +50,4 @@ def test_ragged_steps_where_triton_cannot_run_fail_at_construction(tiny_target, 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
     with pytest.raises(ValueError, match="ragged decode steps: Triton kernels need a CUDA device"):
-        BatchDecoder(model, 2, ragged=True)
+        BatchTarget(TargetModel(model), ragged=True)
