@@ -170,12 +170,12 @@ class RowBuffers:
         self.lengths += on_device(counts, self.lengths.device)  # queued, not a blocking copy (on_device)
 
     def look(self, columns: int):
-        """The first `columns` of `out` copied to the host (asynchronously on CUDA, into one of two pinned buffers);
-        call the result for them as lists (waiting for the copy)."""
-        host = self._looks[0][:, :columns]
+        """`out` copied to the host (asynchronously on CUDA, into one of two pinned buffers: whole, as an asynchronous
+        copy needs a contiguous target); call the result for its first `columns` as lists (waiting for the copy)."""
+        host = self._looks[0]
         self._looks.reverse()
         cuda = self.out.device.type == "cuda"
-        host.copy_(self.out[:, :columns], non_blocking=cuda)
+        host.copy_(self.out, non_blocking=cuda)
         event = torch.cuda.Event() if cuda else None
         if event is not None:
             event.record()
@@ -183,7 +183,7 @@ class RowBuffers:
         def read() -> list[list[int]]:
             if event is not None:
                 event.synchronize()
-            return host.tolist()
+            return host[:, :columns].tolist()
 
         return read
 
