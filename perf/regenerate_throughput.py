@@ -31,7 +31,8 @@ import torch
 
 from draftsmith.data import mtbench, prompt_sets
 from draftsmith.data.synthetic import generate_corpus
-from draftsmith.decoding.engine import BatchTarget, generate
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import generate
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.target import TargetModel
 from draftsmith.generation.driver import sample_seed

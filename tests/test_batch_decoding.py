@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from draftsmith.decoding.engine import BatchTarget, generate
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import generate
 from draftsmith.decoding.sampling import Sampling, choose_tokens, nucleus_threshold, uniform_per_row
 from draftsmith.decoding.target import TargetModel
 from draftsmith.generation.hf_backend import HFBackend, compile_norms_and_mlps

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
-from draftsmith.decoding.engine import BatchTarget, NoDrafts, serve
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import NoDrafts, serve
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.ngrams import ContextNgrams, NgramIndex, prompt_lookup_candidates
 from draftsmith.decoding.reference import Eagle3Proposer, HybridProposer, PromptLookupProposer, draft_layers_forward

@@ -14,7 +14,8 @@ import test_decoding as spec_tests
 import torch
 
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
-from draftsmith.decoding.engine import BatchTarget, NoDrafts, serve
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import NoDrafts, serve
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.decoding.reference import greedy_decode
 from draftsmith.decoding.static_cache import prompt_bucket

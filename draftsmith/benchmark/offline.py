@@ -46,7 +46,8 @@ from draftsmith.benchmark.methods import ProposerSettings, method_decoders, meth
 from draftsmith.benchmark.results import BASELINE, METHODS, write_results
 from draftsmith.benchmark.step_costs import measure_step_costs
 from draftsmith.config.batch_sizes import batch_sizes
-from draftsmith.decoding.engine import BatchTarget, serve_length
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import serve_length
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
 from draftsmith.decoding.target import TargetModel

@@ -17,7 +17,8 @@ import time
 import torch
 
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
-from draftsmith.decoding.engine import BatchTarget, serve_length
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import serve_length
 from draftsmith.decoding.trace import synchronize
 
 REPEATS = 20

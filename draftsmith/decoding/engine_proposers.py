@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels, use_sdpa
-from draftsmith.decoding.engine import AdmittedPrompts, RowBufferSet, captured_prefill_widths
+from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.reference import HybridProposer, PromptLookupProposer
 
 

@@ -22,7 +22,8 @@ import logging
 import torch
 from transformers import LogitsProcessor
 
-from draftsmith.decoding.engine import BatchTarget, generate
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine import generate
 from draftsmith.decoding.ragged_attention import ragged_attention_available
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.static_cache import full_attention_sdpa

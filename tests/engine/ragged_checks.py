@@ -40,7 +40,8 @@ def decoder_against_span(target_dir: str) -> None:
     from test_batch_decoding import QUESTIONS, rendered
     from transformers import AutoTokenizer
 
-    from draftsmith.decoding.engine import BatchTarget, generate
+    from draftsmith.decoding.batch_target import BatchTarget
+    from draftsmith.decoding.engine import generate
     from draftsmith.decoding.sampling import Sampling
     from draftsmith.decoding.target import TargetModel
     from draftsmith.target_model.spec import TargetSpec, stop_token_ids

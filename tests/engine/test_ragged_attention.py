@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from draftsmith.decoding.engine import BatchTarget  # noqa: E402
+from draftsmith.decoding.batch_target import BatchTarget  # noqa: E402
 from draftsmith.decoding.target import TargetModel  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec  # noqa: E402
 

@@ -1,0 +1,436 @@
+"""The target of the decoding engine (draftsmith.decoding.engine.serve) running B rows at once: `BatchTarget` (a
+prompt prefill into some rows, a verification of every row's tokens, target-only decode steps on the device alone)
+over `RowBuffers` (one model's static KV cache, `BatchKV`, and each row's slots and decode state), and the CUDA graphs
+captured on them.
+
+Layout: a request's prompt is left-padded into its row (`starts`: the slot where it begins) to the width of the
+prompts admitted with it (a prefill of those rows alone, while the other rows keep their state). Each row has its own
+write slot (`lengths`), its own position ids (slot - start) and its own mask (`row_mask`: its slots from its start up
+to the query's own), so a refilled row attends to nothing of its previous request: those entries lie past its write
+slot (overwritten before any query reaches them) or before its start. A row without a request sits at slot 0. A
+target step reads the cache's first `span` slots only (`attention_span`: the furthest busy row's need, rounded up to
+SPAN_GRANULE): SDPA with a mask reads every slot it is given, and on one H100 SmolLM2's 4-token verification over 768
+slots cost 0.53 ms more than a one-token step, 0.31 ms more over 256 (docs/BENCHMARKS.md).
+
+The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated), or for target-only decode
+steps with `ragged` the Triton kernel that reads each row's own slots.
+
+CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), so a round's
+step of a shape (rows, tokens, span) is captured once (`capture`, before the timed runs) and replayed. A verification
+step reads the rows' slots from device buffers and writes nothing but the KV cache at them, so it can be replayed (and
+its capture's warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its
+own copy of them. A decode step advances its rows itself, so the steps its capture runs count (`decode` returns them).
+A prefill is padded to its width's bucket and replayed per (rows, width); on a CPU everything runs eagerly, where the
+tests check the same code.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter
+from typing import NamedTuple
+
+import torch
+
+from draftsmith.decoding.batch_kv import (
+    GROUPED_SDPA,
+    RAGGED_DECODE,
+    BatchKV,
+    attention_configs,
+    grouped_attention,
+    left_padded,
+    on_device,
+    prefill_layout,
+    right_padded,
+    row_mask,
+)
+from draftsmith.decoding.sampling import Sampling, choose_tokens
+from draftsmith.decoding.static_cache import (
+    SPAN_GRANULE,
+    CapturedStep,
+    StepGraphs,
+    attention_span,
+    prompt_bucket,
+    prompt_buckets,
+)
+from draftsmith.decoding.target import TargetModel
+
+log = logging.getLogger(__name__)
+
+CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
+PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape
+MAX_ROUND_STEPS = 64  # decode steps a round of target-only decoding takes at most
+# tokens (distinct prompts x the longest) one prefill forward takes at most: its mask grows with rows x width^2, and a
+# refill of 2,048 rows of 1,024-token prompts in one forward would need ~60 GB for the mask alone
+PREFILL_LIMIT = 32768
+
+
+class AdmittedPrompts(NamedTuple):
+    """A prefill's prompts as their rows hold them: `ids` [R, W] (padded; with CUDA graphs W is a bucket), each row's
+    first slot `starts` [R], the slot of the prompts' last position `last` (W - 1 where left-padded; a request alone is
+    padded on the right) and, where asked for, the target's auxiliary states `aux` [R, W, 3H] (a replay's outputs: use
+    them before the next step)."""
+
+    ids: torch.Tensor
+    starts: torch.Tensor
+    last: int
+    aux: torch.Tensor | None
+
+
+class RowBuffers:
+    """One model's decoding buffers for batches of `rows` rows, reused batch after batch (captured steps address
+    them): the KV cache, each row's first slot (`starts`) and next free slot (`lengths`), and the host's copy of the
+    latter. For target-only decoding (`BatchTarget.decode`) also each row's next input (`tokens`), its seed, the
+    tokens its request has (`generated`: the sampler's index of the next), whether it holds a request (`active`), and
+    the tokens of a round by step (`out`, written at column `step`)."""
+
+    def __init__(self, rows: int, length: int, device):
+        self.cache = BatchKV(rows, -(-length // CACHE_GRANULE) * CACHE_GRANULE)
+        self.starts, self.lengths, self.tokens, self.seeds, self.generated = (
+            torch.zeros(rows, dtype=torch.long, device=device) for _ in range(5))
+        self.active = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.out = torch.zeros((rows, MAX_ROUND_STEPS + CapturedStep.WARM_UP_RUNS + 1), dtype=torch.long, device=device)
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+        self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
+        pinned = device.type == "cuda"
+        self._looks = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+
+    def clear(self) -> None:
+        """Every row without a request: starting at slot 0, its next free slot 0."""
+        for buffer in (self.starts, self.lengths, self.tokens, self.seeds, self.generated, self.active):
+            buffer.zero_()
+        rows = len(self.host_lengths)
+        self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
+
+    def admit(self, rows: list[int], starts: torch.Tensor, length: int, host_starts: list[int] | None = None) -> None:
+        """`rows` hold new requests from slot `starts[i]` on (where given, the host's copy `host_starts`: for the
+        counts of filled slots), their next free slot `length`."""
+        index = on_device(rows, self.starts.device)
+        self.starts[index] = starts
+        self.lengths.index_fill_(0, index, length)
+        for row, start in zip(rows, host_starts or [0] * len(rows)):
+            self.host_lengths[row], self.host_starts[row] = length, start
+
+    def begin_decoding(self, rows: list[int], first: torch.Tensor, seeds: torch.Tensor) -> None:
+        """`rows` decode on from their first tokens `first`, sampled with `seeds`."""
+        index = on_device(rows, self.starts.device)
+        self.tokens[index], self.seeds[index] = first, seeds
+        self.generated.index_fill_(0, index, 1)
+        self.active.index_fill_(0, index, True)
+        for row in rows:
+            self.host_active[row] = True
+
+    def release(self, rows: list[int]) -> None:
+        """`rows` hold no request: each writes and reads slot 0 alone (so no step's span need reach its old slots,
+        and its mask is never empty: an empty one gives NaN, which a masked slot still spreads, 0 * NaN) and a
+        decode step leaves it there."""
+        if not rows:
+            return
+        index = on_device(rows, self.starts.device)
+        for buffer in (self.starts, self.lengths, self.active):
+            buffer.index_fill_(0, index, 0)
+        for row in rows:
+            self.host_lengths[row], self.host_starts[row], self.host_active[row] = 0, 0, False
+
+    def advance(self, counts: list[int]) -> None:
+        """Each row's next free slot `counts[row]` further on."""
+        self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
+        self.lengths += on_device(counts, self.lengths.device)  # queued, not a blocking copy (on_device)
+
+    def look(self, columns: int):
+        """`out` copied to the host (asynchronously on CUDA, into one of two pinned buffers: whole, as an asynchronous
+        copy needs a contiguous target); call the result for its first `columns` as lists (waiting for the copy)."""
+        host = self._looks[0]
+        self._looks.reverse()
+        cuda = self.out.device.type == "cuda"
+        host.copy_(self.out, non_blocking=cuda)
+        event = torch.cuda.Event() if cuda else None
+        if event is not None:
+            event.record()
+
+        def read() -> list[list[int]]:
+            if event is not None:
+                event.synchronize()
+            return host[:, :columns].tolist()
+
+        return read
+
+    def check_width(self, width: int, what: str) -> None:
+        """A clear error where a prompt of `width` slots does not fit a row."""
+        if width > self.cache.length:
+            raise ValueError(f"the {what} batched KV cache holds {self.cache.length} slots a row; a prompt of {width} "
+                             "asked for")
+
+    def check(self, ahead: int, what: str) -> None:
+        """A clear error where a row would write `ahead` slots past its next free one, beyond the cache."""
+        if max(self.host_lengths) + ahead > self.cache.length:
+            raise ValueError(f"the {what} batched KV cache holds {self.cache.length} slots a row; "
+                             f"{max(self.host_lengths)} + {ahead} asked for")
+
+
+class RowBufferSet:
+    """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
+
+    def __init__(self, cuda_graphs: bool, device, tune_kernels: bool = False, capture_prefills: bool = True):
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
+        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
+        self.device = device
+        self.capture_prefills = capture_prefills
+        self.by_rows: dict[int, RowBuffers] = {}
+
+    def reserve(self, rows: int, length: int) -> RowBuffers:
+        """The buffers of `rows` rows, with at least `length` slots a row."""
+        buffers = self.by_rows.get(rows)
+        if buffers is None or buffers.cache.length < length:
+            if buffers is not None:
+                self.graphs.clear()  # they address the old cache
+            self.by_rows[rows] = buffers = RowBuffers(rows, length, self.device)
+        return buffers
+
+    def prefill(self, buffers: RowBuffers, key: tuple, step, *inputs: torch.Tensor):
+        """`step(*inputs)`, a prefill into `buffers` of inputs [R, W, ...], every value it varies by an input: up to
+        PREFILL_GRAPH_WIDTH tokens a row replayed from a capture per (the buffers' row count, *key), eager beyond. The
+        row count is in the key because a graph writes the cache it was captured on: a one-row refill at 16 in flight
+        replaying batch 1's ran its row index past that one-row cache (a device-side assert on one H100)."""
+        if inputs[0].shape[1] > PREFILL_GRAPH_WIDTH or not self.capture_prefills:
+            return step(*inputs)
+        return self.graphs.run(("prefill", buffers.cache.rows, *key), step, *inputs, tune=False)
+
+
+def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int]:
+    """The padded widths a warm-up captures one row's prefill at: every bucket of a prompt up to `longest_prompt`
+    tokens that a cache of `length` slots holds and that is replayed (none without a longest prompt)."""
+    return [b for b in prompt_buckets(longest_prompt) if b <= min(PREFILL_GRAPH_WIDTH, length)] if longest_prompt else []
+
+
+class BatchTarget:
+    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`; with
+    `tune_kernels` each verification's shape is captured under every kernel setting and replayed with the fastest
+    (`StepGraphs`; the spans of one shape share the setting tuned on the first). `ragged` decode steps attend to each
+    row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel) rather than every row to the common span,
+    one graph for every step; `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels:
+    each bisection step of the nucleus reads the vocabulary once instead of three times); `capture_prefills` False runs
+    every prefill eagerly at the prompts' own width (regenerate: a refill of many rows of any width, whose shapes a
+    graph each would not pay back). `prefill_limit`: the tokens one prefill forward takes at most (`serve`)."""
+
+    MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
+
+    def __init__(self, target: TargetModel, cuda_graphs: bool = False, tune_kernels: bool = False,
+                 ragged: bool = False, compile_sampler: bool = False, capture_prefills: bool = True,
+                 prefill_limit: int = PREFILL_LIMIT):
+        if not target.static:
+            raise ValueError("the engine needs a full-attention SDPA target (its masks are built here)")
+        if prefill_limit < 1:
+            raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
+        if ragged:
+            from draftsmith.decoding.ragged_attention import ragged_attention_available
+
+            problem = ragged_attention_available(target.device)
+            if problem:
+                raise ValueError(f"ragged decode steps: {problem}")
+        self.target = target
+        self.device = target.device
+        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=tune_kernels,
+                                    capture_prefills=capture_prefills)
+        self.ragged, self.prefill_limit = ragged, prefill_limit
+        self._choose_fn = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
+        self._attention = attention_configs(target.model)
+        # running counts, for throughput reports (the difference of two readings covers the calls between): decode
+        # steps, the rows busy in them and the slots their sequences filled, prefilled tokens; decode steps by span
+        self.stats: Counter = Counter()
+        self.span_steps: Counter = Counter()
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Buffers for `rows` rows of at least `length` slots (the prompt's width and what follows it), so that the
+        batches' `start` finds them and the steps captured on them stay."""
+        self.rows = self.buffers.reserve(rows, length)
+
+    def begin(self, rows: int, length: int) -> None:
+        """`rows` rows of at least `length` slots, none holding a request yet."""
+        self.reserve(rows, length)
+        self.rows.clear()
+
+    def prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool = False):
+        """New requests in `rows` (the others keep theirs): the prompts, left-padded to the longest, run over those rows
+        alone, each attending to itself; a request alone (batch 1, or a refill of one row) is padded on the right
+        instead, so that its sequence starts at slot 0 and no step's span reads its padding (the padding's slots lie
+        past its write slot, overwritten before any query reaches them). With CUDA graphs the width is the longest's
+        bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers'
+        rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. A prompt that
+        several rows take (samples of one prompt) runs once, into its first row, whose cache the others copy. Returns
+        the prompts as the rows hold them (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
+        distinct: dict[tuple, int] = {}
+        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        if len(distinct) < len(prompts):
+            lead: dict[int, int] = {}
+            for row, k in zip(rows, which):
+                lead.setdefault(k, row)
+            admitted, logits = self._prefill(list(lead.values()), [list(p) for p in distinct], with_aux)
+            followers = [(lead[k], row) for row, k in zip(rows, which) if lead[k] != row]
+            self.rows.cache.copy_rows(*on_device(followers, self.device).T, admitted.ids.shape[1])
+            pick = on_device(which, self.device)
+            host_starts = [self.rows.host_starts[lead[k]] for k in which]
+            self.rows.admit(rows, admitted.starts[pick], admitted.last + 1, host_starts)
+            aux = admitted.aux[pick] if admitted.aux is not None else None
+            return AdmittedPrompts(admitted.ids[pick], admitted.starts[pick], admitted.last, aux), logits[pick]
+        return self._prefill(rows, prompts, with_aux)
+
+    def _prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool):
+        bucketed = self.buffers.graphs.enabled and self.buffers.capture_prefills
+        width = prompt_bucket(max(len(p) for p in prompts)) if bucketed else None
+        if len(prompts) == 1:
+            ids, starts = right_padded(prompts[0], self.device, width)
+            last, host_starts = len(prompts[0]) - 1, [0]
+        else:
+            ids, starts = left_padded(prompts, self.device, width)
+            last = ids.shape[1] - 1
+            host_starts = [ids.shape[1] - len(p) for p in prompts]
+        width = ids.shape[1]
+        self.rows.check_width(width, "target's")
+        self.stats["prefill_tokens"] += ids.numel()
+        index = on_device(rows, self.device)
+        step = functools.partial(self._prefill_step, with_aux=with_aux)
+        kept = on_device([last], self.device)
+        logits, aux = self.buffers.prefill(self.rows, (len(rows), width, with_aux), step, ids, starts, index, kept)
+        self.rows.admit(rows, starts, last + 1, host_starts)
+        return AdmittedPrompts(ids, starts, last, aux), logits[:, -1]
+
+    def _prefill_step(self, ids: torch.Tensor, starts: torch.Tensor, index: torch.Tensor, kept: torch.Tensor,
+                      with_aux: bool):
+        """The prompts `ids` (starting at `starts`) into cache rows `index`, keeping the logits at position `kept`
+        [1], on the device alone (what a graph captures)."""
+        slots, mask, positions = prefill_layout(starts, ids.shape[1])
+        cache = self.rows.cache
+        cache.prefill_rows = index
+        try:
+            with grouped_attention(self._attention):
+                return self.target.call(kept, with_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                        cache_position=slots, past_key_values=cache)
+        finally:
+            cache.prefill_rows = None
+
+    def first_tokens(self, rows: list[int], logits: torch.Tensor, sampling: Sampling, seeds: list[int]) -> torch.Tensor:
+        """The first token [R] of each of `rows`' new requests, chosen from its prompt's last logits (the draw of its
+        token 0 with its seed); the rows' decode state (`RowBuffers.begin_decoding`) starts from it."""
+        row_seeds = on_device(seeds, self.device)
+        first = choose_tokens(logits, sampling, row_seeds, torch.zeros_like(row_seeds))
+        self.rows.begin_decoding(rows, first, row_seeds)
+        return first
+
+    def decode(self, steps: int, sampling: Sampling) -> int:
+        """`steps` decode steps of every row, each taking the token the step before chose, on the device alone; the
+        round's tokens land in `rows.out` (column 0: each row's input to the round, then one column a step). Returns
+        the steps that ran: a step's first capture as a CUDA graph runs it WARM_UP_RUNS times more (for real)."""
+        rows = self.rows
+        ahead = steps + CapturedStep.WARM_UP_RUNS
+        rows.check(ahead, "target's")
+        busy = [r for r, on in enumerate(rows.host_active) if on]
+        span = rows.cache.length if self.ragged else attention_span(
+            max((rows.host_lengths[r] for r in busy), default=0) + ahead, rows.cache.length)
+        key = ("decode", rows.cache.rows, sampling, span)
+        ran = steps + (CapturedStep.WARM_UP_RUNS if self.buffers.graphs.enabled and
+                       key not in self.buffers.graphs.steps else 0)
+        rows.out[:, 0] = rows.tokens
+        rows.step.fill_(1)
+        step = functools.partial(self._decode_step, span=span, sampling=sampling)
+        for _ in range(steps):
+            self.buffers.graphs.run(key, step, tune=False)
+        for r in busy:
+            rows.host_lengths[r] += ran
+        self.stats["decode_steps"] += ran
+        self.stats["busy_row_steps"] += ran * len(busy)
+        self.stats["filled_slot_steps"] += ran * sum(rows.host_lengths[r] - rows.host_starts[r] - ran for r in busy)
+        self.span_steps[span] += ran
+        return ran
+
+    def _decode_step(self, span: int, sampling: Sampling) -> None:
+        """One token for every row (what a graph captures), attending to the first `span` slots (ragged: each row's
+        own); a row without a request (`RowBuffers.release`) stays at slot 0."""
+        rows = self.rows
+        slots = rows.lengths[:, None]
+        if self.ragged:
+            mask, attention = torch.stack((rows.starts, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
+        else:
+            mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
+        rows.cache.write_slots, rows.cache.span = slots, span
+        try:
+            with grouped_attention(self._attention, attention):
+                logits, _ = self.target.call(1, False, input_ids=rows.tokens[:, None], attention_mask=mask,
+                                             position_ids=(slots - rows.starts[:, None]).clamp(min=0),
+                                             cache_position=slots[0], past_key_values=rows.cache)
+        finally:
+            rows.cache.write_slots, rows.cache.span = None, rows.cache.length
+        chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
+        rows.out.index_copy_(1, rows.step, chosen[:, None])
+        rows.step += 1
+        rows.tokens.copy_(chosen)
+        rows.generated += 1
+        rows.lengths += rows.active
+
+    def _choose(self, logits, sampling, seeds, steps) -> torch.Tensor:
+        try:
+            return self._choose_fn(logits, sampling, seeds, steps)
+        except Exception as err:  # a compiler that fails does so on the first (eager, uncaptured) step
+            if self._choose_fn is choose_tokens:
+                raise
+            log.warning("torch.compile of the token choice failed (%s: %s); choosing eagerly", type(err).__name__, err)
+            self._choose_fn = choose_tokens
+            return choose_tokens(logits, sampling, seeds, steps)
+
+    def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
+        """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
+        row by what it keeps: `advance`), attending to the cache's first `span` slots. Returns the last `keep`
+        (default q) positions' logits [B, keep, V] and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed
+        step's outputs are overwritten by its next replay."""
+        rows, q = input_ids.shape
+        self.rows.check(q, "target's")
+        span = attention_span(max(self.rows.host_lengths) + q, self.rows.cache.length)
+        keep = keep or q
+        step = functools.partial(self._step, keep=keep, with_aux=with_aux, span=span)
+        if q > self.MAX_GRAPH_WIDTH:
+            return step(input_ids)
+        return self.buffers.graphs.run((rows, q, keep, with_aux, span), step, input_ids, family=(rows, q, keep, with_aux))
+
+    def advance(self, counts: list[int]) -> None:
+        """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
+        self.rows.advance(counts)
+
+    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
+        rows = self.rows
+        slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
+        rows.cache.write_slots, rows.cache.span = slots, span
+        try:
+            with grouped_attention(self._attention):  # the regenerate decoder's attention: KV heads not repeated
+                return self.target.call(keep, with_aux, input_ids=input_ids,
+                                        attention_mask=row_mask(slots, rows.starts, span),
+                                        position_ids=(slots - rows.starts[:, None]).clamp(min=0),
+                                        cache_position=slots[0], past_key_values=rows.cache)
+        finally:
+            rows.cache.write_slots, rows.cache.span = None, rows.cache.length
+
+    @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
+    def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
+        """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens at every span; with
+        and without the auxiliary states; target-only greedy's decode step) and, given the longest prompt, one row's prefill at every bucket up to its
+        (a refill's, or each prompt's at batch 1), so that none is captured inside a timed decode. Reserve the buffers
+        first."""
+        if not self.buffers.graphs.enabled:
+            return
+        aux = {False, bool(self.target.aux_layer_ids)}
+        everyone, length = list(range(rows)), self.rows.cache.length
+        for span in range(SPAN_GRANULE, length + SPAN_GRANULE, SPAN_GRANULE):
+            for q in range(1, k + 2):
+                self.rows.admit(everyone, torch.zeros(rows, dtype=torch.long, device=self.device),
+                                min(span, length) - q)  # the furthest row's need: the span's last q slots
+                for with_aux in aux:
+                    self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
+            zeros = torch.zeros(rows, dtype=torch.long, device=self.device)  # target-only greedy's decode step:
+            self.rows.admit(everyone, zeros, min(span, length) - 1 - CapturedStep.WARM_UP_RUNS)  # ends at the span
+            self.rows.begin_decoding(everyone, zeros, zeros)
+            self.decode(1, Sampling())
+        for bucket in captured_prefill_widths(longest_prompt, length):
+            for with_aux in aux:
+                self.prefill([0], [[0] * bucket], with_aux=with_aux)
+        self.rows.clear()
