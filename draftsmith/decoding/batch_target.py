@@ -349,19 +349,7 @@ class BatchTarget:
         """One token for every row (what a graph captures), attending to the first `span` slots (ragged: each row's
         own); a row without a request (`RowBuffers.release`) stays at slot 0."""
         rows = self.rows
-        slots = rows.lengths[:, None]
-        if self.ragged:
-            mask, attention = torch.stack((rows.starts, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
-        else:
-            mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
-        rows.cache.write_slots, rows.cache.span = slots, span
-        try:
-            with grouped_attention(self._attention, attention):
-                logits, _ = self.target.call(1, False, input_ids=rows.tokens[:, None], attention_mask=mask,
-                                             position_ids=(slots - rows.starts[:, None]).clamp(min=0),
-                                             cache_position=slots[0], past_key_values=rows.cache)
-        finally:
-            rows.cache.write_slots, rows.cache.span = None, rows.cache.length
+        logits, _ = self._step(rows.tokens[:, None], 1, False, span, self.ragged)
         chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
         rows.out.index_copy_(1, rows.step, chosen[:, None])
         rows.step += 1
@@ -397,14 +385,20 @@ class BatchTarget:
         """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
         self.rows.advance(counts)
 
-    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
+    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int, ragged: bool = False):
+        """`input_ids` [B, q] at each row's next slots, attending to the first `span` slots through the rows' masks,
+        or (`ragged`, one token a row) the Triton kernel over each row's own slots, its first and last passed for a
+        mask."""
         rows = self.rows
         slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
+        if ragged:
+            mask, attention = torch.stack((rows.starts, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
+        else:
+            mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
         rows.cache.write_slots, rows.cache.span = slots, span
         try:
-            with grouped_attention(self._attention):  # the regenerate decoder's attention: KV heads not repeated
-                return self.target.call(keep, with_aux, input_ids=input_ids,
-                                        attention_mask=row_mask(slots, rows.starts, span),
+            with grouped_attention(self._attention, attention):
+                return self.target.call(keep, with_aux, input_ids=input_ids, attention_mask=mask,
                                         position_ids=(slots - rows.starts[:, None]).clamp(min=0),
                                         cache_position=slots[0], past_key_values=rows.cache)
         finally:
