@@ -63,13 +63,15 @@ class NoDrafts:
 @torch.inference_mode()
 def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: int, k: int, max_new_tokens: int,
           stop_ids: set[int], sampling: Sampling | None = None, seeds: list[int] | None = None, steps: int = 1,
-          progress=None) -> list[Trace]:
+          progress=None, every_row: bool = False) -> list[Trace]:
     """Every prompt decoded with `concurrency` requests in flight, in order, rows taking the next prompts as their
     answers end (a prefill of at most `target.prefill_limit` tokens, once at least 1/64 of the rows are free), each
     answer cut by the stopping rule: speculative with `proposer` (greedy verification, up to k drafts a round), or
     with NoDrafts target-only, greedy or sampled (`sampling`, a seed per prompt), `steps` decode steps a round. A round
     of several steps is read one round late: the device decodes the next round while the host reads this one and
-    refills (a row whose answer ended decodes one round more, unread). `progress(n)`: n more answers done."""
+    refills (a row whose answer ended decodes one round more, unread). `progress(n)`: n more answers done.
+    `every_row`: all `concurrency` rows even for fewer prompts (regenerate's chunks then share one set of buffers and
+    graphs), else at most one a prompt."""
     sampling = sampling or Sampling()
     drafting = not isinstance(proposer, NoDrafts)
     if k < 1:
@@ -82,7 +84,7 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
         raise ValueError(f"a round takes 1 to {MAX_ROUND_STEPS} decode steps, got {steps}")
     seeds = list(seeds) if seeds is not None else [0] * len(prompts)
     device = target.device
-    rows = min(concurrency, len(prompts))
+    rows = concurrency if every_row else min(concurrency, len(prompts))
     length = serve_length(prompts, max_new_tokens, k, steps)
     target.begin(rows, length)
     proposer.begin(rows, length)
@@ -225,7 +227,7 @@ def generate(target: BatchTarget, prompts: list[list[int]], max_new_tokens: int,
     seeds = list(seeds) if seeds is not None else [0] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), prompts[i], i))
     traces = serve(target, NoDrafts(), [prompts[i] for i in order], concurrency, 1, max_new_tokens, stops, sampling,
-                   [seeds[i] for i in order], steps, progress)
+                   [seeds[i] for i in order], steps, progress, every_row=True)
     answers: list = [None] * len(prompts)
     for i, trace in zip(order, traces):
         stopped = bool(trace.tokens) and trace.tokens[-1] in stops
