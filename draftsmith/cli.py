@@ -46,7 +46,7 @@ def cmd_validate(args) -> int:
 
 def cmd_preflight(args) -> int:
     from draftsmith.config.workflow import ConfigError, load_config
-    from draftsmith.vllm_stack.preflight import count_samples, count_tokens, preflight_target, run_preflight
+    from draftsmith.preflight import count_samples, count_tokens, preflight_target, run_preflight
 
     try:
         config = load_config(args.config)

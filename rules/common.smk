@@ -475,7 +475,7 @@ def training_gpus(variant):
     return gpus or single_device_gpus(config["extraction"]["device"])
 
 
-# the preflight stage whose GPU count each GPU rule asks for (draftsmith.vllm_stack.preflight.STAGES; regenerate has
+# the preflight stage whose GPU count each GPU rule asks for (draftsmith.preflight.STAGES; regenerate has
 # no preflight stage of its own: preflight.machine.gpu_problems checks it alone)
 GPU_STAGE = {
     "self_prompts": "regenerate",
@@ -489,7 +489,7 @@ GPU_STAGE = {
 def gpu_problems(rules, gpus=None):
     """One line per GPU count, asked for by a stage among `rules`, that this machine (or `gpus`) cannot give (naming
     the key)."""
-    from draftsmith.vllm_stack.preflight.machine import gpu_problems as check
+    from draftsmith.preflight.machine import gpu_problems as check
 
     return check(config, {GPU_STAGE[r] for r in rules if r in GPU_STAGE}, gpus)
 

@@ -3,7 +3,7 @@
 # its verdict. It has no input and no output: it runs every time it is asked and plans no other job (a target the
 # workflow builds and datasets not yet prepared are checked once they exist: it says so). It runs in extraction's
 # environment with the GPUs extraction asks for. In a plain run nothing waits for it: each job that loads weights
-# first runs the checks of its own stage (draftsmith.vllm_stack.preflight.gate), so a changed setting re-runs exactly
+# first runs the checks of its own stage (draftsmith.preflight.gate), so a changed setting re-runs exactly
 # the jobs that read it.
 rule preflight:
     log:

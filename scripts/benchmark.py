@@ -3,7 +3,7 @@ from draftsmith.draft_model import resolve_num_speculative_tokens
 from draftsmith.provenance import benchmark_inputs, record_inputs
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.vllm_stack.preflight import gate
+from draftsmith.preflight import gate
 
 
 def main(smk):

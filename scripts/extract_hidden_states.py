@@ -3,7 +3,7 @@ from pathlib import Path
 from draftsmith.extraction.driver import extract
 from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
-from draftsmith.vllm_stack.preflight import gate
+from draftsmith.preflight import gate
 
 
 def main(smk):

@@ -2,14 +2,14 @@ import logging
 from pathlib import Path
 
 from draftsmith.smk import run, to_console
-from draftsmith.vllm_stack.preflight import count_samples, count_tokens, preflight_target, run_preflight
+from draftsmith.preflight import count_samples, count_tokens, preflight_target, run_preflight
 
 
 def main(smk):
     stats = [Path(smk.config["results"]) / "prepared" / d / "stats.json" for d in smk.config["datasets"]]
     report = run_preflight(smk.config, preflight_target(smk.config), tokens=count_tokens(stats),
                            samples=count_samples(stats), offline=True)
-    log = logging.getLogger("draftsmith.vllm_stack.preflight")
+    log = logging.getLogger("draftsmith.preflight")
     for line in report.lines():
         log.info(line)
     verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"

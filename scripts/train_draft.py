@@ -3,7 +3,7 @@ from draftsmith.smk import run
 from draftsmith.target_model.spec import TargetSpec
 from draftsmith.training.sources import OnlineStates, ShardStates
 from draftsmith.training.trainer import train_draft
-from draftsmith.vllm_stack.preflight import gate
+from draftsmith.preflight import gate
 
 
 def main(smk):

@@ -17,7 +17,7 @@ PACKAGE = "draftsmith"
 
 def read_layers(doc: Path = ARCHITECTURE) -> dict[str, int]:
     """unit -> layer from the table under the heading that starts with "## Layers": rows `| n | `unit`, ... | ... |`;
-    a unit is a subpackage or module of draftsmith (`vllm_stack.preflight` is one module of a subpackage)."""
+    a unit is a subpackage or module of draftsmith (or one module of a subpackage, written `package.module`)."""
     text = doc.read_text()
     section = re.search(r"^## Layers.*?$(.*?)(?=^## |\Z)", text, re.S | re.M)
     assert section, f"{doc}: no section headed '## Layers'"

@@ -106,7 +106,7 @@ def test_an_online_workflow_extracts_nothing_and_validates(pipeline_run, tmp_pat
 @pytest.mark.parametrize("batch_tokens,status", [(2048, "ok"), (10**9, "fail")])
 def test_preflight_says_whether_online_training_fits(pipeline_run, tmp_path, batch_tokens, status):
     from draftsmith.config.workflow import load_config
-    from draftsmith.vllm_stack.preflight import run_preflight
+    from draftsmith.preflight import run_preflight
 
     config = yaml.safe_load((pipeline_run / "config.yaml").read_text())
     config["training"]["hidden_states"] = "online"

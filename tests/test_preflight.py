@@ -17,7 +17,7 @@ from conftest import REPO, SNAKEMAKE, TINY_CONFIG, jobs_planned, snakemake
 from draftsmith.config.workflow import validate
 from draftsmith.vllm_stack import compat, source
 from draftsmith.cli import main as cli_main
-from draftsmith.vllm_stack.preflight import run_preflight
+from draftsmith.preflight import run_preflight
 
 CONFIG = {**copy.deepcopy(TINY_CONFIG), "target": {"model": "embedded", "revision": None, "trust_remote_code": False},
           "datasets": {"synthetic": {"source": "synthetic"}}, "variants": {"default": {}}}
@@ -80,7 +80,7 @@ def test_preflight_is_fast_and_loads_no_weights(llama):
     code = textwrap.dedent(f"""
         import sys, time
         start = time.perf_counter()
-        from draftsmith.vllm_stack.preflight import run_preflight
+        from draftsmith.preflight import run_preflight
         sys.path.insert(0, {str(REPO / 'tests')!r})
         from test_preflight import vllm_config
         report = run_preflight(vllm_config(), {str(llama)!r}, tokens=1000, gpus=1)

@@ -21,7 +21,7 @@ from vllm.platforms import current_platform  # noqa: E402
 from draftsmith.config.workflow import validate  # noqa: E402
 from draftsmith.devices import visible_gpu_count  # noqa: E402
 from draftsmith.vllm_stack import compat  # noqa: E402
-from draftsmith.vllm_stack.preflight import run_preflight, vllm_cpu_build  # noqa: E402
+from draftsmith.preflight import run_preflight, vllm_cpu_build  # noqa: E402
 
 pytestmark = pytest.mark.engine
 CONFIG = {**copy.deepcopy(TINY_CONFIG), "target": {"model": "embedded", "revision": None, "trust_remote_code": False},

@@ -17,10 +17,7 @@ from pathlib import Path
 from draftsmith.artefacts import BUILT_TARGETS
 from draftsmith.devices import visible_gpu_count
 from draftsmith.io import forcerun_hint, read_json
-from draftsmith.vllm_stack import call_sites, compat, probes, source
-from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
-from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
-from draftsmith.vllm_stack.preflight.machine import (
+from draftsmith.preflight.machine import (
     check_benchmark_gpus,
     check_disk,
     check_extraction_gpus,
@@ -29,6 +26,9 @@ from draftsmith.vllm_stack.preflight.machine import (
     check_training_gpus,
     gpu_problems,
 )
+from draftsmith.vllm_stack import call_sites, compat, probes, source
+from draftsmith.vllm_stack.installed import installed_version, vllm_cpu_build, vllm_torch_pin
+from draftsmith.vllm_stack.target_config import read_target_config, text_part, transformers_causal_lm_types
 from draftsmith.vllm_stack.verdict import Verdict
 
 # The production stack (envs/vllm.lock.txt). vllm and its torch are checked only where a vllm backend is configured.
