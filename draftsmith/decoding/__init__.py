@@ -1,2 +1,2 @@
-"""The decoders: the benchmark's engine (`engine`, `engine_proposers`: N requests in flight, batch 1 included), its
-eager reference (`reference`), regenerate's batched sampler (`batch`), and what they share (cache, graphs, target)."""
+"""The decoding engine of the benchmark and of regenerate (`engine`, `batch_target`, `engine_proposers`: N requests in
+flight, batch 1 included), its eager reference (`reference`), and what they share (cache, graphs, sampler, target)."""
