@@ -58,7 +58,7 @@ from draftsmith.decoding.target import TargetModel
 
 log = logging.getLogger(__name__)
 
-CACHE_GRANULE = 256  # cache slots a row, rounded up to this: batches of similar prompts share one cache
+CACHE_GRANULE = 64  # cache slots a row, rounded up to this: batches of similar prompts share one cache
 PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape
 MAX_ROUND_STEPS = 64  # decode steps a round of target-only decoding takes at most
 # tokens (distinct prompts x the longest) one prefill forward takes at most: its mask grows with rows x width^2, and a
@@ -242,6 +242,11 @@ class BatchTarget:
         self.stats: Counter = Counter()
         self.span_steps: Counter = Counter()
 
+    @property
+    def bucketed_prefills(self) -> bool:
+        """Whether prompts are padded to their bucket (`prompt_bucket`): where prefills are captured as graphs."""
+        return self.buffers.graphs.enabled and self.buffers.capture_prefills
+
     def reserve(self, rows: int, length: int) -> None:
         """Buffers for `rows` rows of at least `length` slots (the prompt's width and what follows it), so that the
         batches' `start` finds them and the steps captured on them stay."""
@@ -278,8 +283,7 @@ class BatchTarget:
         return self._prefill(rows, prompts, with_aux)
 
     def _prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool):
-        bucketed = self.buffers.graphs.enabled and self.buffers.capture_prefills
-        width = prompt_bucket(max(len(p) for p in prompts)) if bucketed else None
+        width = prompt_bucket(max(len(p) for p in prompts)) if self.bucketed_prefills else None
         if len(prompts) == 1:
             ids, starts = right_padded(prompts[0], self.device, width)
             last, host_starts = len(prompts[0]) - 1, [0]
@@ -322,13 +326,13 @@ class BatchTarget:
     def decode(self, steps: int, sampling: Sampling) -> int:
         """`steps` decode steps of every row, each taking the token the step before chose, on the device alone; the
         round's tokens land in `rows.out` (column 0: each row's input to the round, then one column a step). Returns
-        the steps that ran: a step's first capture as a CUDA graph runs it WARM_UP_RUNS times more (for real)."""
+        the steps that ran: a step's first capture as a CUDA graph runs it WARM_UP_RUNS times more (for real). A row
+        stops at the cache's last slot: one whose answer ended may decode on before the host sees it (serve's rounds
+        read one round late), and a row with a request never gets there (serve_length)."""
         rows = self.rows
-        ahead = steps + CapturedStep.WARM_UP_RUNS
-        rows.check(ahead, "target's")
         busy = [r for r, on in enumerate(rows.host_active) if on]
         span = rows.cache.length if self.ragged else attention_span(
-            max((rows.host_lengths[r] for r in busy), default=0) + ahead, rows.cache.length)
+            max((rows.host_lengths[r] for r in busy), default=0) + steps + CapturedStep.WARM_UP_RUNS, rows.cache.length)
         key = ("decode", rows.cache.rows, sampling, span)
         ran = steps + (CapturedStep.WARM_UP_RUNS if self.buffers.graphs.enabled and
                        key not in self.buffers.graphs.steps else 0)
@@ -337,12 +341,12 @@ class BatchTarget:
         step = functools.partial(self._decode_step, span=span, sampling=sampling)
         for _ in range(steps):
             self.buffers.graphs.run(key, step, tune=False)
-        for r in busy:
-            rows.host_lengths[r] += ran
         self.stats["decode_steps"] += ran
         self.stats["busy_row_steps"] += ran * len(busy)
-        self.stats["filled_slot_steps"] += ran * sum(rows.host_lengths[r] - rows.host_starts[r] - ran for r in busy)
+        self.stats["filled_slot_steps"] += ran * sum(rows.host_lengths[r] - rows.host_starts[r] for r in busy)
         self.span_steps[span] += ran
+        for r in busy:
+            rows.host_lengths[r] = min(rows.host_lengths[r] + ran, rows.cache.length - 1)
         return ran
 
     def _decode_step(self, span: int, sampling: Sampling) -> None:
@@ -355,7 +359,7 @@ class BatchTarget:
         rows.step += 1
         rows.tokens.copy_(chosen)
         rows.generated += 1
-        rows.lengths += rows.active
+        rows.lengths.copy_((rows.lengths + rows.active).clamp(max=rows.cache.length - 1))
 
     def _choose(self, logits, sampling, seeds, steps) -> torch.Tensor:
         try:

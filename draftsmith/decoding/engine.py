@@ -36,15 +36,16 @@ import torch
 from draftsmith.decoding.batch_kv import on_device
 from draftsmith.decoding.batch_target import MAX_ROUND_STEPS, AdmittedPrompts, BatchTarget
 from draftsmith.decoding.sampling import Sampling
-from draftsmith.decoding.static_cache import CapturedStep, prompt_bucket
+from draftsmith.decoding.static_cache import prompt_bucket
 from draftsmith.decoding.trace import Trace, cut_output, synchronize
 
 
-def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int, steps: int = 1) -> int:
-    """The slots a row of `serve` needs: the longest prompt's padded width, the answer, and the last rounds past it
-    (a round of `steps` decode steps read one round late runs two rounds past the answer's end)."""
-    return (prompt_bucket(max(len(p) for p in prompts)) + max_new_tokens + 3 * (k + 1)
-            + 2 * (steps + CapturedStep.WARM_UP_RUNS))
+def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int, bucketed: bool = True) -> int:
+    """The slots a row of `serve` needs: the longest prompt (padded to its bucket where prefills are), the answer, and
+    with k drafts the last rounds past it (target-only: k = 0; a row that decodes past its answer's end stays at the
+    cache's last slot, `BatchTarget.decode`)."""
+    longest = max(len(p) for p in prompts)
+    return (prompt_bucket(longest) if bucketed else longest) + max_new_tokens + (3 * (k + 1) if k else 0)
 
 
 class NoDrafts:
@@ -85,7 +86,7 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
     seeds = list(seeds) if seeds is not None else [0] * len(prompts)
     device = target.device
     rows = concurrency if every_row else min(concurrency, len(prompts))
-    length = serve_length(prompts, max_new_tokens, k, steps)
+    length = serve_length(prompts, max_new_tokens, k if drafting else 0, target.bucketed_prefills)
     target.begin(rows, length)
     proposer.begin(rows, length)
     lagging = not drafting and steps > 1
