@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 CACHE_GRANULE = 64  # cache slots a row, rounded up to this: batches of similar prompts share one cache
 PREFILL_GRAPH_WIDTH = 1024  # prefills (padded to a power of two) up to this many tokens a row are captured per shape
 MAX_ROUND_STEPS = 64  # decode steps a round of target-only decoding takes at most
+MAX_STOP_IDS = 16  # stop tokens a decode step checks on the device
 # tokens (distinct prompts x the longest) one prefill forward takes at most: its mask grows with rows x width^2, and a
 # refill of 2,048 rows of 1,024-token prompts in one forward would need ~60 GB for the mask alone
 PREFILL_LIMIT = 32768
@@ -82,14 +83,17 @@ class RowBuffers:
     """One model's decoding buffers for batches of `rows` rows, reused batch after batch (captured steps address
     them): the KV cache, each row's first slot (`starts`) and next free slot (`lengths`), and the host's copy of the
     latter. For target-only decoding (`BatchTarget.decode`) also each row's next input (`tokens`), its seed, the
-    tokens its request has (`generated`: the sampler's index of the next), whether it holds a request (`active`), and
-    the tokens of a round by step (`out`, written at column `step`)."""
+    tokens its request has (`generated`: the sampler's index of the next), whether it decodes (`active`: it holds a
+    request whose answer has not ended at a stop token or the token limit, `stop_at`), and the tokens of a round by
+    step (`out`, written at column `step`)."""
 
     def __init__(self, rows: int, length: int, device):
         self.cache = BatchKV(rows, -(-length // CACHE_GRANULE) * CACHE_GRANULE)
         self.starts, self.lengths, self.tokens, self.seeds, self.generated = (
             torch.zeros(rows, dtype=torch.long, device=device) for _ in range(5))
         self.active = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.stops = torch.full((MAX_STOP_IDS,), -1, dtype=torch.long, device=device)
+        self.limit = torch.zeros(1, dtype=torch.long, device=device)
         self.out = torch.zeros((rows, MAX_ROUND_STEPS + CapturedStep.WARM_UP_RUNS + 1), dtype=torch.long, device=device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
@@ -111,6 +115,15 @@ class RowBuffers:
         self.lengths.index_fill_(0, index, length)
         for row, start in zip(rows, host_starts or [0] * len(rows)):
             self.host_lengths[row], self.host_starts[row] = length, start
+
+    def stop_at(self, stop_ids, max_new_tokens: int) -> None:
+        """The end of every answer that a decode step sees on the device: a token of `stop_ids`, or the
+        `max_new_tokens`-th token; the row stops decoding there (serve cuts its answer by the same rule)."""
+        if len(stop_ids) > MAX_STOP_IDS:
+            raise ValueError(f"at most {MAX_STOP_IDS} stop token ids, got {len(stop_ids)}")
+        self.stops.fill_(-1)
+        self.stops[: len(stop_ids)] = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        self.limit.fill_(max_new_tokens)
 
     def begin_decoding(self, rows: list[int], first: torch.Tensor, seeds: torch.Tensor) -> None:
         """`rows` decode on from their first tokens `first`, sampled with `seeds`."""
@@ -360,6 +373,8 @@ class BatchTarget:
         rows.tokens.copy_(chosen)
         rows.generated += 1
         rows.lengths.copy_((rows.lengths + rows.active).clamp(max=rows.cache.length - 1))
+        ended = (chosen[:, None] == rows.stops).any(-1) | (rows.generated >= rows.limit)
+        rows.active.logical_and_(~ended)  # an ended row reads and writes its one slot, as a free row does
 
     def _choose(self, logits, sampling, seeds, steps) -> torch.Tensor:
         try:
@@ -395,8 +410,9 @@ class BatchTarget:
         mask."""
         rows = self.rows
         slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
-        if ragged:
-            mask, attention = torch.stack((rows.starts, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
+        if ragged:  # a row that does not decode reads its one slot
+            first = torch.where(rows.active, rows.starts, rows.lengths)
+            mask, attention = torch.stack((first, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
         else:
             mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
         rows.cache.write_slots, rows.cache.span = slots, span
