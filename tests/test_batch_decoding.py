@@ -210,7 +210,8 @@ def test_the_compiled_token_choice_draws_what_the_eager_one_draws(tiny):
 
 
 def test_compiled_layers_give_the_eager_greedy_answers(tiny_target, tiny):
-    """compile_norms_and_mlps (regenerate's default on CUDA) compiles the model's RMSNorm and MLP modules in place (a model of its own here)."""
+    """compile_norms_and_mlps (regenerate's default on CUDA) compiles the model's RMSNorm and MLP modules in place (a
+    model of its own here)."""
     _, tokenizer, stops = tiny
     model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
     prompts = rendered(tokenizer, QUESTIONS[:6])
@@ -284,8 +285,8 @@ def test_sampled_tokens_follow_the_distribution():
     assert bool((top1 == 0).all())
 
 
-def test_the_hf_backend_answers_alike_through_the_batched_decoder_and_generate(tiny_target):
-    """An SDPA model takes the batched decoder; the same weights with eager attention (as a model the decoder cannot
+def test_the_hf_backend_answers_alike_through_the_engine_and_generate(tiny_target):
+    """An SDPA model takes the engine; the same weights with eager attention (as a model the engine cannot
     take) go through left-padded `generate`: the same greedy answers."""
     spec = TargetSpec(str(tiny_target))
     tokenizer = AutoTokenizer.from_pretrained(tiny_target)

@@ -146,7 +146,7 @@ def test_changed_prompts_change_the_fingerprint(tiny_target, tmp_path, caplog, m
 
 
 def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_layers(tiny_target, caplog):
-    """On CUDA the batched decoder compiles RMSNorm/MLP and, where Triton is installed, attends to each row's own
+    """On CUDA the engine compiles RMSNorm/MLP and, where Triton is installed, attends to each row's own
     slots (fused kernels round differently): a run moved between a CPU and a GPU, or to a GPU without Triton,
     re-answers rather than keeping answers the other path wrote. Without Triton it says why it cannot."""
     import torch

@@ -1,5 +1,5 @@
 """The static KV cache of batched decoding (`BatchKV`: B rows, each its own slots), its masks, and the attention
-functions the batched decoders register with transformers.
+functions the engine registers with transformers.
 
 Attention (`grouped_sdpa`, registered with transformers as `draftsmith_grouped_sdpa`) hands the KV heads to
 SDPA unrepeated: the query heads that share a KV head become extra query rows of it. transformers' own SDPA path

@@ -427,9 +427,9 @@ class BatchTarget:
     @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
     def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
         """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens at every span; with
-        and without the auxiliary states; target-only greedy's decode step) and, given the longest prompt, one row's prefill at every bucket up to its
-        (a refill's, or each prompt's at batch 1), so that none is captured inside a timed decode. Reserve the buffers
-        first."""
+        and without the auxiliary states; target-only greedy's decode step) and, given the longest prompt, one row's
+        prefill at every bucket up to its (a refill's, or each prompt's at batch 1), so that none is captured inside a
+        timed decode. Reserve the buffers first."""
         if not self.buffers.graphs.enabled:
             return
         aux = {False, bool(self.target.aux_layer_ids)}

@@ -1,4 +1,5 @@
-"""A decode step's attention over each row's own cache slots (a Triton kernel), for the batched decoder.
+"""A decode step's attention over each row's own cache slots (a Triton kernel), for the engine's target-only decode
+steps.
 
 With SDPA every row of a decode step reads the same span of the cache: the slots the longest busy sequence needs.
 Measured on one H100 (docs/BENCHMARKS.md, "Regenerate throughput"): at batch 2048 over 2,339 real prompts, busy rows filled

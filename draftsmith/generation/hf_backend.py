@@ -86,9 +86,9 @@ class HFBackend:
         self.model = model
         self.engine: BatchTarget | None = None
         # what else determines the answers, beyond the sampling settings (the driver's fingerprint has dtype): the
-        # batched decoder samples with its own noise, so its answers are not those of the generate path before it
+        # engine samples with its own noise, so its answers are not those of the generate path before it
         self.settings: dict = {"decoder": BATCH_DECODER}
-        # on a GPU the decoder also compiles the model's RMSNorm and MLP modules (on one H100 at batch 2048: 47.3k
+        # on a GPU the engine also compiles the model's RMSNorm and MLP modules (on one H100 at batch 2048: 47.3k
         # vs 43.5k new tokens/s, docs/BENCHMARKS.md); fused kernels round differently, so the answers' fingerprint
         # says so
         self.compile_layers = self.device.startswith("cuda")
@@ -137,7 +137,7 @@ class HFBackend:
         return [{"token_ids": tokens, "finish_reason": reason} for tokens, reason in answers]
 
     def _generate_padded(self, requests: list[dict], gen: dict, progress=None) -> list[dict]:
-        """transformers `generate` in left-padded batches (models the batched decoder cannot take)."""
+        """transformers `generate` in left-padded batches (models the engine cannot take)."""
         from transformers import LogitsProcessorList
 
         model, stops = self.model, sorted(gen["stop_ids"])

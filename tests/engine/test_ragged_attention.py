@@ -1,4 +1,4 @@
-"""The batched decoder's ragged decode attention (draftsmith.decoding.ragged_attention, a Triton kernel) in Triton's
+"""The engine's ragged decode attention (draftsmith.decoding.ragged_attention, a Triton kernel) in Triton's
 interpreter on the CPU: against SDPA on random tensors, and the decoder's answers with it against the SDPA span path
 (the checks in ragged_checks.py, each in a process of its own with TRITON_INTERPRET=1).
 
