@@ -15,7 +15,7 @@ BENCHMARKS = {
     "training_throughput": "train_draft vs speculators 0.3.0's own recipe on the same shards (GPU)",
     "online_training": "online vs offline hidden states and training.compile attention vs forward: first optimizer "
                        "step (cold caches), steady tokens/s (GPU; online vs offline on CPU too)",
-    "regenerate_throughput": "regenerate's batched decoder vs transformers generate on SmolLM2 and real prompts (GPU)",
+    "regenerate_throughput": "regenerate through the engine vs transformers generate on SmolLM2 and real prompts (GPU)",
     "decode_speed": "the offline benchmark's loops eager vs CUDA graphs on a finished run's draft (GPU)",
     "answer_lengths": "how long the target's sampled answers run with a far limit: the share each max_new_tokens "
                       "would cut (CPU or GPU)",
