@@ -340,8 +340,9 @@ class BatchTarget:
         """`steps` decode steps of every row, each taking the token the step before chose, on the device alone; the
         round's tokens land in `rows.out` (column 0: each row's input to the round, then one column a step). Returns
         the steps that ran: a step's first capture as a CUDA graph runs it WARM_UP_RUNS times more (for real). A row
-        stops at the cache's last slot: one whose answer ended may decode on before the host sees it (serve's rounds
-        read one round late), and a row with a request never gets there (serve_length)."""
+        whose answer ended stops advancing on the device (`RowBuffers.stop_at`) while the host, reading a round late,
+        still counts it on: the host's copy stops at the cache's last slot, which a row with a request never reaches
+        (serve_length), and so does the device's, as a guard."""
         rows = self.rows
         busy = [r for r, on in enumerate(rows.host_active) if on]
         span = rows.cache.length if self.ragged else attention_span(
@@ -434,14 +435,14 @@ class BatchTarget:
             return
         aux = {False, bool(self.target.aux_layer_ids)}
         everyone, length = list(range(rows)), self.rows.cache.length
+        zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         for span in range(SPAN_GRANULE, length + SPAN_GRANULE, SPAN_GRANULE):
             for q in range(1, k + 2):
-                self.rows.admit(everyone, torch.zeros(rows, dtype=torch.long, device=self.device),
-                                min(span, length) - q)  # the furthest row's need: the span's last q slots
+                self.rows.admit(everyone, zeros, min(span, length) - q)  # the furthest row's need: the span's last q
                 for with_aux in aux:
                     self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
-            zeros = torch.zeros(rows, dtype=torch.long, device=self.device)  # target-only greedy's decode step:
-            self.rows.admit(everyone, zeros, min(span, length) - 1 - CapturedStep.WARM_UP_RUNS)  # ends at the span
+            # target-only greedy's decode step, its warm-up runs and its replay ending at the span
+            self.rows.admit(everyone, zeros, min(span, length) - 1 - CapturedStep.WARM_UP_RUNS)
             self.rows.begin_decoding(everyone, zeros, zeros)
             self.decode(1, Sampling())
         for bucket in captured_prefill_widths(longest_prompt, length):

@@ -19,8 +19,9 @@ attends to them. Drafts padded beyond a row's own proposal are never accepted.
 Target-only round (`NoDrafts`): `steps` decode steps on the device alone, each choosing every row's next token
 (sampling.choose_tokens: greedy, or a seeded draw per row and token index, so an answer depends on its prompt and seed
 only) and feeding it to the next; the host reads the round's tokens in one copy. With several steps a round
-(regenerate) the host reads each round while the device decodes the next (a row whose answer ended decodes one round
-more, unread), so its refills and bookkeeping overlap the device's work.
+(regenerate) the host reads each round while the device decodes the next (a row whose answer ended stops on the device,
+`RowBuffers.stop_at`, and waits there until the host reads it), so its refills and bookkeeping overlap the device's
+work.
 
 Timing, as a server's client sees it: the run's wall time is shared by its requests (`seconds`: wall time over the
 requests, so a method's summed seconds are the run's wall time and its tokens/s the throughput); per request, the time
@@ -70,7 +71,8 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
     answer cut by the stopping rule: speculative with `proposer` (greedy verification, up to k drafts a round), or
     with NoDrafts target-only, greedy or sampled (`sampling`, a seed per prompt), `steps` decode steps a round. A round
     of several steps is read one round late: the device decodes the next round while the host reads this one and
-    refills (a row whose answer ended decodes one round more, unread). `progress(n)`: n more answers done.
+    refills (a row whose answer ended stops on the device and waits there to be read). `progress(n)`: n more answers
+    done.
     `every_row`: all `concurrency` rows even for fewer prompts (regenerate's chunks then share one set of buffers and
     graphs), else at most one a prompt."""
     sampling, stop_ids = sampling or Sampling(), set(stop_ids)

@@ -30,8 +30,9 @@ class TargetModel:
         self.aux_layer_ids = list(aux_layer_ids or [])
         self._capturing = False
         self._captured: dict[int, torch.Tensor] = {}
+        decoder = find_decoder(model) if self.aux_layer_ids else None  # a target without hooks may have any layout
         for layer_id in self.aux_layer_ids:
-            find_decoder(model).layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
+            decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
         self._keeps_logits = keeps_logits(model)
         self.static = full_attention_sdpa(model)
         self.cache: DynamicCache | None = None
