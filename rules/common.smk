@@ -202,7 +202,7 @@ BACKEND_ONLY = {
         },
     },
     "benchmark": {
-        "offline": {"cuda_graphs", "tune_kernels", "device", "batch_size", "repeats"},
+        "offline": {"cuda_graphs", "device", "batch_size", "repeats"},
         "vllm": {
             "concurrency",
             "tensor_parallel_size",

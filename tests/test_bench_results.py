@@ -9,7 +9,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from draftsmith.benchmark.results import write_results
+from draftsmith.benchmark.results import trace_counts, write_results
 from draftsmith.decoding.trace import Trace, cut_output
 
 K = 3
@@ -17,7 +17,7 @@ K = 3
 
 def row(method: str, prompt_id: str, trace: Trace) -> dict:
     return {"variant": "v", "backend": "offline", "method": method, "prompt_id": prompt_id, "category": "all",
-            "prompt_tokens": 7, **trace.counts(K)}
+            "prompt_tokens": 7, **trace_counts(trace, K)}
 
 
 def traces() -> list[dict]:
@@ -43,9 +43,9 @@ def test_trace_counts_follow_the_row_definitions():
     assert [spec_a[f"accept_pos_{i}"] for i in (1, 2, 3)] == [2, 1, 1]
     assert traces()[0]["drafts"] == traces()[0]["accept_pos_1"] == 0
     with pytest.raises(ValueError, match="accepted more"):
-        Trace(tokens=[1], target_forwards=2, proposed=[1], accepted=[2]).counts(K)
+        trace_counts(Trace(tokens=[1], target_forwards=2, proposed=[1], accepted=[2]), K)
     with pytest.raises(ValueError, match="more than k=3"):
-        Trace(tokens=[1], target_forwards=2, proposed=[4], accepted=[0]).counts(K)
+        trace_counts(Trace(tokens=[1], target_forwards=2, proposed=[4], accepted=[0]), K)
 
 
 def test_per_prompt_and_summary_arithmetic(tmp_path):

@@ -16,28 +16,19 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
-from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, PromptLookupProposer
+from draftsmith.decoding.batch_target import AdmittedPrompts, BatchTarget
 from draftsmith.decoding.engine import NoDrafts, serve
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.ngrams import ContextNgrams, NgramIndex, prompt_lookup_candidates
-from draftsmith.decoding.reference import Eagle3Proposer, HybridProposer, PromptLookupProposer, draft_layers_forward
+from draftsmith.decoding.reference import Eagle3Proposer, draft_layers_forward
 from draftsmith.decoding.draft_kernels import use_sdpa
 from draftsmith.decoding.target import TargetModel
 from draftsmith.decoding.reference import greedy_decode, speculative_decode
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary
-from draftsmith.decoding.static_cache import (
-    KERNEL_SETTINGS,
-    SPAN_GRANULE,
-    TUNING_MARGIN,
-    CapturedStep,
-    StepGraphs,
-    fastest_setting,
-    prompt_bucket,
-    replay_ms,
-)
+from draftsmith.decoding.static_cache import SPAN_GRANULE, CapturedStep, StepGraphs, prompt_bucket
 from draftsmith.draft_model import build_draft
 from draftsmith.io import write_jsonl
 from draftsmith.target_model.embedded import build_embedded_target
@@ -142,6 +133,23 @@ def test_the_incremental_ngram_index_answers_what_the_scan_answers():
     assert held.candidates(0, second, 3) == [3, 1, 2] and held.candidates(1, [5], 3) == []  # a new list, a new row
 
 
+def start(proposer, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
+    """A one-row proposer's prompt from the draft's inputs: next_tokens[t] = x[t+1] at the prompt's positions t, the
+    first generated token last; aux [1, P, 3H] the target's states at them."""
+    next_tokens = next_tokens.view(1, -1)
+    ids = torch.cat([next_tokens[:, -1:], next_tokens[:, :-1]], dim=1)  # x[0], which the draft never reads: any token
+    proposer.begin(1, 0)
+    starts = torch.zeros(1, dtype=torch.long)
+    proposer.prefill([0], AdmittedPrompts(ids, starts, ids.shape[1] - 1, aux), next_tokens[:, -1])
+
+
+def drafts(proposer, context: list[int], k: int = 3) -> list[int]:
+    """A one-row proposer's drafts for `context` (its count of them: the tensor's width)."""
+    drafted, counts = proposer.propose([context], k)
+    assert counts == [drafted.shape[1]]
+    return drafted[0].tolist()
+
+
 def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_elsewhere(tiny):
     """Each round the hybrid's EAGLE-3 round runs (the draft sees every verified token); its drafts are prompt lookup's
     where the context's last min_ngram+ tokens recur, the draft's own elsewhere; either way decoding stays lossless."""
@@ -153,24 +161,24 @@ def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_
         logits, aux = target.start(prompt, with_aux=True)
         first = logits[-1].argmax().view(1)
         for proposer in (hybrid, alone):
-            proposer.start(torch.cat([torch.tensor(prompt[1:]), first]), aux)
+            start(proposer, torch.cat([torch.tensor(prompt[1:]), first]), aux)
         repeat = prompt + prompt[:2]  # its last 2 tokens recur at the prompt's start
-        assert hybrid.propose(repeat, 3).tolist() == prompt[2:5]
-        alone.propose(repeat, 3)  # the prompt's round, whose drafts the hybrid replaced
+        assert drafts(hybrid, repeat) == prompt[2:5]
+        drafts(alone, repeat)  # the prompt's round, whose drafts the hybrid replaced
         fresh = prompt + [int(first)]
         assert not prompt_lookup_candidates(fresh, 3, 3, min_ngram=2)
         for proposer in (hybrid, alone):  # a new round after one verified token: the draft's own chain
-            proposer.accept(first, aux[:, -1:])
-        assert hybrid.propose(fresh, 3).tolist() == alone.propose(fresh, 3).tolist()
+            proposer.accept(first[None], aux[:, -1:], [1])
+        assert drafts(hybrid, fresh) == drafts(alone, fresh)
         # a lookup round after a verification feeds the draft its verified input without the chain: the round after
         # it drafts what a draft that ran every chain drafts
         for proposer in (hybrid, alone):
-            proposer.accept(first, aux[:, -1:])
-        assert hybrid.propose(repeat, 3).tolist() == prompt[2:5]
-        alone.propose(repeat, 3)
+            proposer.accept(first[None], aux[:, -1:], [1])
+        assert drafts(hybrid, repeat) == prompt[2:5]
+        drafts(alone, repeat)
         for proposer in (hybrid, alone):
-            proposer.accept(first, aux[:, -1:])
-        assert hybrid.propose(fresh, 3).tolist() == alone.propose(fresh, 3).tolist()
+            proposer.accept(first[None], aux[:, -1:], [1])
+        assert drafts(hybrid, fresh) == drafts(alone, fresh)
     assert hybrid.rounds == {"prompt_lookup": 2, "eagle3": 2}
     with pytest.raises(ValueError, match="hybrid_min_ngram must be within 1..prompt_lookup_ngram"):
         HybridProposer(PromptLookupProposer(3, target.device), alone, min_ngram=4)
@@ -201,8 +209,8 @@ def test_draft_chain_matches_speculators_training_forward(tiny):
     proposer = Eagle3Proposer(draft)
     for t in [0, 1, 7, 64, 127]:
         with torch.inference_mode():
-            proposer.start(input_ids[0, : t + 1], aux[:, : t + 1])
-            chain = proposer.propose([], 3).tolist()
+            start(proposer, input_ids[0, : t + 1], aux[:, : t + 1])
+            chain = drafts(proposer, [])
         expected = [int(r[0, t] + d2t[r[0, t]]) for r in reference]
         assert chain == expected, f"position {t}"
 
@@ -258,7 +266,7 @@ WARM_UP_RUNS times more, as a capture's warm-up does). So, as with a graph,
     def __init__(self):
         super().__init__(enabled=True)
 
-    def run(self, key, fn, *inputs, tune=True, family=None):
+    def run(self, key, fn, *inputs):
         captured = key in self.steps
         first, static = self.steps.setdefault(key, (fn, [x.clone() for x in inputs]))
         for s, x in zip(static, inputs):
@@ -337,8 +345,8 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
                         {(1, n, chain) for n in range(1, 5) for chain in (3, 0)}
                         | {("prefill", 1, 1, b - 1) for b in buckets})  # the draft's: its inputs but the last
     stop = tiny["stop"]
-    lookup = BatchPromptLookupProposer(3, target.device)
-    hybrid = BatchHybridProposer(lookup, proposer, min_ngram=2)
+    lookup = PromptLookupProposer(3, target.device)
+    hybrid = HybridProposer(lookup, proposer, min_ngram=2)
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         padded = one(target, proposer, ids, stop)
         reference = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
@@ -352,12 +360,12 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
-    """On a GPU, in float32: every method with its steps replayed as CUDA graphs (each step's kernels tuned) gives
+    """On a GPU, in float32: every method with its steps replayed as CUDA graphs gives
     the same tokens and the same accepted drafts as the same engine run eagerly, at batch 1 and with 3 in flight;
     captured up front (as the benchmark's warm-up does), one request at a time captures nothing more."""
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
     runner = TargetModel(model, AUX)
-    eager, graphed = BatchTarget(runner), BatchTarget(runner, cuda_graphs=True, tune_kernels=True)
+    eager, graphed = BatchTarget(runner), BatchTarget(runner, cuda_graphs=True)
     drafts = [tiny[name].to("cuda") for name in ("untrained", "trained")]
     stop, prompts = tiny["stop"], tiny["prompts"]
     longest = max(len(ids) for ids in prompts)
@@ -366,12 +374,12 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
         graphed.reserve(concurrency, 1024)
         graphed.capture(concurrency, 3, longest)
         methods = [(NoDrafts(), NoDrafts()),
-                   (BatchPromptLookupProposer(3, eager.device), BatchPromptLookupProposer(3, graphed.device))]
+                   (PromptLookupProposer(3, eager.device), PromptLookupProposer(3, graphed.device))]
         for draft in drafts:
-            tuned = BatchEagle3Proposer(draft, cuda_graphs=True, tune_kernels=True)
-            tuned.reserve(concurrency, 1024)
-            tuned.capture(concurrency, 3, longest)
-            methods.append((BatchEagle3Proposer(draft), tuned))
+            replayed = BatchEagle3Proposer(draft, cuda_graphs=True)
+            replayed.reserve(concurrency, 1024)
+            replayed.capture(concurrency, 3, longest)
+            methods.append((BatchEagle3Proposer(draft), replayed))
         captured = set(graphed.buffers.graphs.steps)
         # each row count has its own one-row prefills: a graph writes the cache it was captured on, so a refill at 3 in
         # flight replaying batch 1's would write a cache of one row (past it: a device-side assert)
@@ -383,10 +391,6 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
             assert [(t.tokens, t.accepted) for t in b] == [(t.tokens, t.accepted) for t in a]
         if concurrency == 1:  # refills of one row: every prefill shape was captured
             assert set(graphed.buffers.graphs.steps) == captured
-    # the spans of one shape share the setting tuned on the first of them; prefills and target-only decode steps (which
-    # advance their rows: timing them would decode) are captured untuned
-    assert set(graphed.buffers.graphs.choices) == {key[:4] for key in graphed.buffers.graphs.steps
-                                                   if key[0] not in ("prefill", "decode")}
     for name in ("untrained", "trained"):
         tiny[name].to("cpu")
 
@@ -406,33 +410,6 @@ def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragge
         answers = [generate(BatchTarget(TargetModel(model), cuda_graphs=graphs, ragged=ragged, capture_prefills=False),
                             prompts, MAX_NEW, stop, 3, sampling, seeds, steps=2) for graphs in (False, True)]
         assert answers[1] == answers[0] and len(answers[0]) == len(prompts)
-
-
-@torch.inference_mode()
-def test_kernel_tuning_times_each_setting_the_device_runs_and_restores_the_defaults(tiny):
-    """fastest_setting on a real verification step of the tiny target: every setting is tried, those this device
-    cannot run (on a CPU build: cuBLASLt) are skipped as None, the others timed; PyTorch's
-    own choices are back in force afterwards. The chosen setting's step gives the same logits as an untuned one."""
-    target = TargetModel(tiny["target"].model, AUX)
-    ids = tiny["prompts"][0]
-    target.start(ids, with_aux=True)
-    cached, verify = target.length, torch.tensor([ids[-4:]])
-
-    def step():
-        out = target.forward(verify, keep=4, with_aux=True)[0].clone()
-        target.rewind(cached)
-        return out
-
-    blas_before = torch.backends.cuda.preferred_blas_library()
-    name, chosen, times = fastest_setting(lambda: step, timer=lambda f: replay_ms(f, replays=3, rounds=2))
-    assert list(times) == [s[0] for s in KERNEL_SETTINGS]
-    runnable = {n for n, ms in times.items() if ms is not None}
-    assert "cublas + default SDPA" in runnable, times
-    if not torch.cuda.is_available():  # a CPU build cannot select cuBLASLt
-        assert not any(n.startswith("cublaslt") for n in runnable), times
-    assert name in runnable and all(ms > 0 for n, ms in times.items() if n in runnable)
-    assert torch.backends.cuda.preferred_blas_library() == blas_before
-    assert torch.equal(chosen(), step())
 
 
 def as_built(draft):
@@ -478,37 +455,11 @@ def test_fewer_draft_kernels_compute_what_the_draft_s_own_modules_do(tiny):
             draft = copy.deepcopy(own)
             proposer = Eagle3Proposer(draft, fewer_kernels=not keep_own)
             assert isinstance(draft.rotary_emb, RotaryTable) != keep_own
-            proposer.start(tokens, aux)
-            first = proposer.propose([], 3)
-            proposer.accept(first[:2].view(1, -1), aux[:, -2:])
-            rounds.append(torch.cat([first, proposer.propose([], 3)]))
+            start(proposer, tokens, aux)
+            first = proposer.propose([[]], 3)[0]
+            proposer.accept(first[:, :2], aux[:, -2:], [2])
+            rounds.append(torch.cat([first, proposer.propose([[]], 3)[0]], dim=1))
         assert torch.equal(rounds[0], rounds[1]), (ids, rounds)
-
-
-def test_kernel_tuning_keeps_the_first_setting_unless_another_is_clearly_faster():
-    """The rule fastest_setting applies (with a stand-in timer, named as such, that returns set times per setting:
-    the rule, not a device, is under test): a later setting replaces the best so far only when TUNING_MARGIN faster;
-    a setting whose build raises RuntimeError is skipped."""
-    settings = [(name, None, None) for name in ("first", "close", "broken", "faster")]
-
-    def run(ms: dict):
-        active = iter(name for name, _, _ in settings)
-
-        def build():
-            name = next(active)
-            if name == "broken":
-                raise RuntimeError("no kernel for these shapes")
-            return name
-
-        return fastest_setting(build, timer=ms.get, settings=settings)
-
-    near = 1 - TUNING_MARGIN / 2
-    name, step, times = run({"first": 1.0, "close": near, "faster": 1.0})
-    assert (name, step) == ("first", "first") and times == {"first": 1.0, "close": near, "broken": None, "faster": 1.0}
-    assert run({"first": 1.0, "close": near, "faster": 0.9})[0] == "faster"
-    with pytest.raises(RuntimeError, match="no kernel setting"):
-        fastest_setting(lambda: (_ for _ in ()).throw(RuntimeError("none")), timer=float, settings=settings[:1])
-    assert not StepGraphs(False, tune=True).tune and StepGraphs(True, tune=True).tune
 
 
 def test_training_buys_acceptance(tiny):
@@ -562,7 +513,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 12, "num_prompts": 3,
            "prompts": "heldout", "temperature": 0.0, "batch_size": 1, "prompt_lookup_ngram": 3, "device": "cpu",
-           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2,
+           "dtype": "float32", "seed": 0, "cuda_graphs": "auto", "repeats": 2,
            "hybrid_min_ngram": 2, "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft",
                                               "hybrid"]}
     prompts = load_prompts(tiny["root"] / "heldout.jsonl", 3)

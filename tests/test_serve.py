@@ -17,6 +17,7 @@ from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.batch_target import BatchTarget
 from draftsmith.decoding.engine import NoDrafts, serve
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
+from draftsmith.benchmark.results import trace_counts, trace_latency
 from draftsmith.decoding.reference import greedy_decode
 from draftsmith.decoding.static_cache import prompt_bucket
 
@@ -47,7 +48,7 @@ def check_rows(traces, want, k: int | None = None):
         # the prompt's token, then each round's accepted drafts and bonus token; the stopping rule may cut the last
         emitted = 1 + sum(a + 1 for a in trace.accepted)
         assert len(tokens) <= emitted < len(tokens) + k + 1
-        trace.counts(k)  # the row fields the benchmark writes (checks the counts again)
+        trace_counts(trace, k)  # the row fields the benchmark writes (checks the counts again)
 
 
 def serve_greedy(target, prompts, concurrency, stop):
@@ -138,7 +139,7 @@ def test_requests_share_the_run_s_wall_time_and_keep_their_own_latency(tiny):
     traces = serve_greedy(BatchTarget(tiny["target"]), prompts, 2, stop)
     assert len({t.seconds for t in traces}) == 1 and traces[0].seconds > 0
     for trace in traces:
-        latency = trace.latency()
+        latency = trace_latency(trace)
         assert latency == {"ttft_seconds": trace.ttft_seconds, "tpot_seconds": trace.tpot_seconds}
         assert trace.ttft_seconds > 0 and (trace.tpot_seconds > 0 or len(trace.tokens) == 1)
         # no request takes longer than the whole run: its first token, then every later one
@@ -159,7 +160,7 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     tiny["trained"].save_pretrained(draft_dir)
     cfg = {"backend": "offline", "num_speculative_tokens": 2, "max_new_tokens": 10, "temperature": 0.0,
            "batch_size": None, "batch_sizes": [1, 2], "prompt_lookup_ngram": 3, "device": "cpu", "dtype": "float32",
-           "seed": 0, "cuda_graphs": "auto", "tune_kernels": True, "repeats": 2, "load_requests_per_row": 2,
+           "seed": 0, "cuda_graphs": "auto", "repeats": 2, "load_requests_per_row": 2,
            "methods": ["target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft"]}
     assert batch_size_problems(cfg) == []
     assert batch_size_problems({**cfg, "batch_sizes": [2, 1]}) != []  # still ascending only

@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from draftsmith.benchmark.results import trace_counts, trace_latency
+
 
 def run_order(methods: list[str], shift: int) -> list[str]:
     """The methods rotated left by `shift`: run r of prompt i uses shift i + r."""
@@ -34,13 +36,13 @@ class Timed:
             self.repeatable = False
         self.seconds.append(trace.seconds)
         self.first_token_seconds.append(trace.first_token_seconds)
-        self.latencies.append(trace.latency())
+        self.latencies.append(trace_latency(trace))
         self.positions.append(position)
 
     def row(self, k: int) -> dict:
         firsts = [t for t in self.first_token_seconds if t is not None]
         latency = {key: [run[key] for run in self.latencies if run[key] is not None] for key in self.latencies[0]}
-        return {**self.trace.counts(k), "repeat_seconds": list(self.seconds),
+        return {**trace_counts(self.trace, k), "repeat_seconds": list(self.seconds),
                 "first_token_seconds": statistics.median(firsts) if firsts else None,
                 **{key: statistics.median(values) if values else None for key, values in latency.items()},
                 "run_order": " ".join(map(str, self.positions))}
@@ -51,7 +53,7 @@ TIMES = ("seconds", "first_token_seconds", "ttft_seconds", "tpot_seconds")
 
 def _counts(trace, k: int) -> dict:
     """What a run decoded (tokens, forwards, drafts, accepted per position), without its times."""
-    return {key: v for key, v in trace.counts(k).items() if key not in TIMES}
+    return {key: v for key, v in trace_counts(trace, k).items() if key not in TIMES}
 
 
 def time_interleaved(decoders: dict, ids: list[int], repeats: int, shift: int, k: int) -> dict[str, Timed]:

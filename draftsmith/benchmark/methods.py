@@ -10,21 +10,15 @@ from dataclasses import dataclass, field
 
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.decoding.engine import NoDrafts, serve
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, BatchHybridProposer, BatchPromptLookupProposer
-from draftsmith.decoding.reference import (
-    Eagle3Proposer,
-    HybridProposer,
-    PromptLookupProposer,
-    greedy_decode,
-    speculative_decode,
-)
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, PromptLookupProposer
+from draftsmith.decoding.reference import Eagle3Proposer, greedy_decode, speculative_decode
 
 
 @dataclass(frozen=True)
 class ProposerSettings:
     """What the proposers are built from: the EAGLE-3 draft models by method (eagle3_draft: the trained one), the
-    benchmark's settings, and whether they are the engine's (`batched`: rows in flight, with CUDA graphs, tuned with
-    `tune_kernels`) or the eager reference's."""
+    benchmark's settings, and whether they are the engine's (`batched`: rows in flight, with CUDA graphs) or the eager
+    reference's."""
 
     device: object
     ngram: int
@@ -32,11 +26,10 @@ class ProposerSettings:
     hybrid_min_ngram: int | None = None
     batched: bool = False
     cuda_graphs: bool = False
-    tune_kernels: bool = False
 
 
 def _lookup(s: ProposerSettings, built: dict):
-    return (BatchPromptLookupProposer if s.batched else PromptLookupProposer)(s.ngram, s.device)
+    return PromptLookupProposer(s.ngram, s.device)
 
 
 def _eagle3(method: str):
@@ -45,7 +38,7 @@ def _eagle3(method: str):
             raise ValueError(f"benchmark method {method} needs its draft model, which was not loaded")
         if not s.batched:
             return Eagle3Proposer(s.drafts[method])
-        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs, tune_kernels=s.tune_kernels)
+        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs)
 
     return build
 
@@ -53,8 +46,7 @@ def _eagle3(method: str):
 def _hybrid(s: ProposerSettings, built: dict):
     if s.hybrid_min_ngram is None:
         raise ValueError("benchmark method hybrid needs benchmark.hybrid_min_ngram")
-    hybrid = BatchHybridProposer if s.batched else HybridProposer
-    return hybrid(built["prompt_lookup"], built["eagle3_draft"], s.hybrid_min_ngram)
+    return HybridProposer(built["prompt_lookup"], built["eagle3_draft"], s.hybrid_min_ngram)
 
 
 # drafting method -> (builder of its proposer from the settings and the proposers built so far, the methods whose

@@ -131,9 +131,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     if "untrained_draft" in methods:
         untrained = untrained_like(trained, target, aux_layer_ids, k, seed).to(device=device, dtype=dtype).eval()
     graphs = use_cuda_graphs(cfg["cuda_graphs"], model, device)
-    tune = graphs and bool(cfg["tune_kernels"])
-    log.info("decoding steps %s", ("replayed as CUDA graphs over a static KV cache" + (
-        ", each captured with the fastest of its kernel settings" if tune else "")) if graphs else "run eagerly")
+    log.info("decoding steps %s", "replayed as CUDA graphs over a static KV cache" if graphs else "run eagerly")
     runner = TargetModel(model, aux_layer_ids)
     if max(sizes) > 1 and not runner.static:
         raise ValueError(f"benchmark.batch_sizes = {sizes}: batch sizes above 1 need a full-attention SDPA target "
@@ -143,7 +141,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
 
     settings = ProposerSettings(device, ngram, {"eagle3_draft": trained, **(
         {"untrained_draft": untrained} if "untrained_draft" in methods else {})}, cfg.get("hybrid_min_ngram"),
-        batched=runner.static, cuda_graphs=graphs, tune_kernels=tune)
+        batched=runner.static, cuda_graphs=graphs)
     proposers = method_proposers(methods, settings)
 
     def render(messages):
@@ -151,7 +149,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
 
     first_ids = render(prompts[0]["messages"])
     if runner.static:  # the engine, one request at a time
-        engine = BatchTarget(runner, cuda_graphs=graphs, tune_kernels=tune)
+        engine = BatchTarget(runner, cuda_graphs=graphs)
         decoders = one_at_a_time(method_decoders(methods, engine, proposers, k, max_new_tokens, stop_ids, concurrency=1))
         # buffers sized for the longest prompt (a second turn adds an answer), every step shape captured
         longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
@@ -163,9 +161,6 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     log.info("warm-up: every method once on prompt %s", prompts[0]["prompt_id"])
     for decode in decoders.values():
         decode(first_ids)
-    if tune:
-        for name, step_graphs in engine_step_graphs(engine, proposers).items():
-            log_tuning(name, step_graphs)
 
     rows, outputs, rendered, categories = [], {m: {} for m in methods}, {}, {}
     unrepeatable: dict[str, list[str]] = {m: [] for m in methods}
@@ -190,7 +185,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
                 log.error("NOT REPEATABLE: %s on prompt %s emitted other tokens or counts in a later run", method, pid)
         log.info("prompt %s (%s): %d prompt tokens, %d new tokens; acceptance length %s; median seconds %s; spread %s",
                  pid, prompt["category"], len(ids), len(outputs[BASELINE][pid]),
-                 ", ".join(f"{m} {t.trace.counts(k)['new_tokens'] / t.trace.target_forwards:.2f}" for m, t in timed.items()),
+                 ", ".join(f"{m} {len(t.trace.tokens) / t.trace.target_forwards:.2f}" for m, t in timed.items()),
                  ", ".join(f"{m} {statistics.median(t.seconds):.3f}" for m, t in timed.items()),
                  ", ".join(f"{m} {(max(t.seconds) - min(t.seconds)) / statistics.median(t.seconds):.0%}"
                            for m, t in timed.items() if len(t.seconds) > 1 and statistics.median(t.seconds) > 0) or "-")
@@ -228,9 +223,6 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
-        "tune_kernels": tune,
-        "kernel_choices": ({name: step_graphs.described_choices()
-                            for name, step_graphs in engine_step_graphs(engine, proposers).items()} if tune else None),
         "repeats": repeats,
         "timing": "interleaved",
         "versions": package_versions(),
@@ -248,13 +240,6 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     return summary
 
 
-def log_tuning(name: str, graphs) -> None:
-    """Each tuned step's setting and every setting's replay time, to the rule's log."""
-    for key, name_chosen in graphs.choices.items():
-        times = ", ".join(f"{setting} {'-' if ms is None else f'{ms:.3f}'}" for setting, ms in graphs.timings[key].items())
-        log.info("%s step %s: %s (ms per replay: %s)", name, key, name_chosen, times)
-
-
 def prepare_engine(target: BatchTarget, proposers: dict, rows: int, length: int, k: int,
                    longest_prompt: int | None = None) -> None:
     """The engine's buffers for `rows` rows of `length` slots (sized for the longest prompt), and every step shape
@@ -269,15 +254,6 @@ def prepare_engine(target: BatchTarget, proposers: dict, rows: int, length: int,
         log.info("%d rows: captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads the "
                  "first %d or a multiple, as its rows need)", rows, len(target.buffers.graphs.steps),
                  "+".join(str(len(p.buffers.graphs.steps)) for p in drafts), target.rows.cache.length, SPAN_GRANULE)
-
-
-def engine_step_graphs(target, proposers: dict) -> dict:
-    """The engine's captured steps by owner: the target's (keyed by rows, tokens, logits kept, auxiliary states,
-    span) and each draft's rounds (keyed by rows, newly verified positions, k); none for the reference loops."""
-    if not isinstance(target, BatchTarget):
-        return {}
-    return {"target": target.buffers.graphs,
-            **{method: p.buffers.graphs for method, p in proposers.items() if isinstance(p, BatchEagle3Proposer)}}
 
 
 def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],

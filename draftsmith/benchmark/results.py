@@ -46,6 +46,36 @@ def accept_columns(k: int) -> list[str]:
     return [f"accept_pos_{i}" for i in range(1, k + 1)]
 
 
+def trace_counts(trace, k: int) -> dict:
+    """A decoded request's row fields (a draftsmith.decoding.trace.Trace; rounds without a proposal are not drafts)."""
+    if any(p > k for p in trace.proposed):
+        raise ValueError(f"a round proposed more than k={k} draft tokens: {max(trace.proposed)}")
+    if any(a > p for a, p in zip(trace.accepted, trace.proposed)):
+        raise ValueError("a round accepted more draft tokens than it proposed")
+    row = {
+        "new_tokens": len(trace.tokens),
+        "target_forwards": trace.target_forwards,
+        "drafts": sum(1 for p in trace.proposed if p > 0),
+        "draft_tokens": sum(trace.proposed),
+        "accepted_tokens": sum(trace.accepted),
+        "seconds": trace.seconds,
+        "first_token_seconds": trace.first_token_seconds,
+        **trace_latency(trace),
+    }
+    for i in range(1, k + 1):
+        row[f"accept_pos_{i}"] = sum(1 for a in trace.accepted if a >= i)
+    return row
+
+
+def trace_latency(trace) -> dict:
+    """A request's time to its first token and time per output token after it (alone: its own times)."""
+    if trace.ttft_seconds is not None:
+        return {"ttft_seconds": trace.ttft_seconds, "tpot_seconds": trace.tpot_seconds}
+    first = trace.first_token_seconds
+    after = (trace.seconds - first) / (len(trace.tokens) - 1) if first is not None and len(trace.tokens) > 1 else None
+    return {"ttft_seconds": first, "tpot_seconds": after}
+
+
 def format_times(times) -> str:
     """Run times as one CSV cell: seconds separated by spaces, in run order."""
     return " ".join(repr(float(t)) for t in times)

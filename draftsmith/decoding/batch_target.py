@@ -185,10 +185,10 @@ class RowBuffers:
 class RowBufferSet:
     """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
 
-    def __init__(self, cuda_graphs: bool, device, tune_kernels: bool = False, capture_prefills: bool = True):
+    def __init__(self, cuda_graphs: bool, device, capture_prefills: bool = True):
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
-        self.graphs = StepGraphs(cuda_graphs, tune=tune_kernels)
+        self.graphs = StepGraphs(cuda_graphs)
         self.device = device
         self.capture_prefills = capture_prefills
         self.by_rows: dict[int, RowBuffers] = {}
@@ -209,7 +209,7 @@ class RowBufferSet:
         replaying batch 1's ran its row index past that one-row cache (a device-side assert on one H100)."""
         if inputs[0].shape[1] > PREFILL_GRAPH_WIDTH or not self.capture_prefills:
             return step(*inputs)
-        return self.graphs.run(("prefill", buffers.cache.rows, *key), step, *inputs, tune=False)
+        return self.graphs.run(("prefill", buffers.cache.rows, *key), step, *inputs)
 
 
 def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int]:
@@ -219,20 +219,17 @@ def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int
 
 
 class BatchTarget:
-    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`; with
-    `tune_kernels` each verification's shape is captured under every kernel setting and replayed with the fastest
-    (`StepGraphs`; the spans of one shape share the setting tuned on the first). `ragged` decode steps attend to each
-    row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel) rather than every row to the common span,
-    one graph for every step; `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels:
+    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`. `ragged`
+    decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel) rather than
+    every row to the common span, one graph for every step; `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels:
     each bisection step of the nucleus reads the vocabulary once instead of three times); `capture_prefills` False runs
     every prefill eagerly at the prompts' own width (regenerate: a refill of many rows of any width, whose shapes a
     graph each would not pay back). `prefill_limit`: the tokens one prefill forward takes at most (`serve`)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
 
-    def __init__(self, target: TargetModel, cuda_graphs: bool = False, tune_kernels: bool = False,
-                 ragged: bool = False, compile_sampler: bool = False, capture_prefills: bool = True,
-                 prefill_limit: int = PREFILL_LIMIT):
+    def __init__(self, target: TargetModel, cuda_graphs: bool = False, ragged: bool = False,
+                 compile_sampler: bool = False, capture_prefills: bool = True, prefill_limit: int = PREFILL_LIMIT):
         if not target.static:
             raise ValueError("the engine needs a full-attention SDPA target (its masks are built here)")
         if prefill_limit < 1:
@@ -245,8 +242,7 @@ class BatchTarget:
                 raise ValueError(f"ragged decode steps: {problem}")
         self.target = target
         self.device = target.device
-        self.buffers = RowBufferSet(cuda_graphs, self.device, tune_kernels=tune_kernels,
-                                    capture_prefills=capture_prefills)
+        self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills)
         self.ragged, self.prefill_limit = ragged, prefill_limit
         self._choose_fn = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         self._attention = attention_configs(target.model)
@@ -354,7 +350,7 @@ class BatchTarget:
         rows.step.fill_(1)
         step = functools.partial(self._decode_step, span=span, sampling=sampling)
         for _ in range(steps):
-            self.buffers.graphs.run(key, step, tune=False)
+            self.buffers.graphs.run(key, step)
         self.stats["decode_steps"] += ran
         self.stats["busy_row_steps"] += ran * len(busy)
         self.stats["filled_slot_steps"] += ran * sum(rows.host_lengths[r] - rows.host_starts[r] for r in busy)
@@ -399,7 +395,7 @@ class BatchTarget:
         step = functools.partial(self._step, keep=keep, with_aux=with_aux, span=span)
         if q > self.MAX_GRAPH_WIDTH:
             return step(input_ids)
-        return self.buffers.graphs.run((rows, q, keep, with_aux, span), step, input_ids, family=(rows, q, keep, with_aux))
+        return self.buffers.graphs.run((rows, q, keep, with_aux, span), step, input_ids)
 
     def advance(self, counts: list[int]) -> None:
         """Each row's write slot `counts[row]` on (what it kept of the last forward)."""

@@ -1,7 +1,9 @@
-"""The engine's proposers (draftsmith.decoding.engine.serve), each the reference proposer of
-draftsmith.decoding.reference for N rows in flight: `begin(rows, length)` (no request yet), `prefill(rows, prompts,
-first)` (the rows that take new requests: the target's `AdmittedPrompts` and first tokens), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each
-row's count) and `accept(next_tokens, aux, counts)` (what the target verified, per row).
+"""The proposers of the engine (draftsmith.decoding.engine.serve) and of the reference loop (one row; its EAGLE-3
+proposer over transformers' cache is draftsmith.decoding.reference's Eagle3Proposer), for N rows in flight:
+`begin(rows, length)` (no request yet), `prefill(rows, prompts, first)` (the rows that take new requests: the target's
+`AdmittedPrompts` and first tokens), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each row's
+count) and `accept(next_tokens, aux, counts)` (what the target verified, per row). A new draft method is one such
+class and one entry in draftsmith.benchmark.methods.
 
 EAGLE-3 cache: the draft's cache rows use the target's slot layout (draft slot s holds the draft's state for the
 target's position at slot s, at position id s - start + 1, EAGLE-3's shift), so the row's start and mask carry
@@ -20,11 +22,19 @@ import torch
 from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
-from draftsmith.decoding.reference import HybridProposer, PromptLookupProposer
+from draftsmith.decoding.ngrams import ContextNgrams
 
 
-class BatchPromptLookupProposer(PromptLookupProposer):
+class PromptLookupProposer:
     """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
+
+    needs_aux = False
+
+    def __init__(self, max_ngram: int, device: torch.device):
+        if max_ngram < 1:
+            raise ValueError(f"prompt_lookup_ngram must be >= 1, got {max_ngram}")
+        self.max_ngram, self.device = max_ngram, device
+        self.ngrams = ContextNgrams(max_ngram)
 
     def begin(self, rows: int, length: int) -> None:
         pass
@@ -48,16 +58,15 @@ class BatchEagle3Proposer:
 
     Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
     pending inputs of the next round (the newly verified tokens and the target's states before them) and how many
-    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs` (its kernels tuned with
-    `tune_kernels`, as the target's: `StepGraphs`)."""
+    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs`."""
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False, tune_kernels: bool = False):
+    def __init__(self, draft, cuda_graphs: bool = False):
         use_sdpa(draft)
         fewer_kernels(draft)
         self.draft = draft
-        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device, tune_kernels)
+        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
 
     def reserve(self, rows: int, length: int) -> None:
         """Buffers for `rows` rows of at least `length` slots (see BatchTarget.reserve)."""
@@ -175,10 +184,21 @@ class BatchEagle3Proposer:
         self.rows.clear()
 
 
-class BatchHybridProposer(HybridProposer):
-    """HybridProposer per row (of a BatchPromptLookupProposer and a BatchEagle3Proposer): prompt lookup's drafts in the
-    rows whose context's last `min_ngram` or more tokens recur, the EAGLE-3 draft's in the others (its round runs for
-    every row, keeping its cache current; at batch 1 a lookup round skips its chain). `rounds` counts row-rounds."""
+class HybridProposer:
+    """Prompt lookup's drafts (a PromptLookupProposer's) in the rows whose context's last `min_ngram` or more tokens
+    recur (n-grams of up to the lookup's max_ngram), the EAGLE-3 draft's in the others (a BatchEagle3Proposer, or the
+    reference's Eagle3Proposer at batch 1). The draft's round runs for every row either way: it feeds the draft the
+    newly verified positions, so its cache stays current whichever drafts the target verified; at batch 1 a round that
+    takes lookup's drafts skips the draft's chain. `rounds` counts the row-rounds each source drafted."""
+
+    needs_aux = True
+
+    def __init__(self, lookup: PromptLookupProposer, eagle, min_ngram: int):
+        if not 1 <= min_ngram <= lookup.max_ngram:
+            raise ValueError(f"hybrid_min_ngram must be within 1..prompt_lookup_ngram ({lookup.max_ngram}), got "
+                             f"{min_ngram}")
+        self.lookup, self.eagle, self.min_ngram = lookup, eagle, min_ngram
+        self.rounds = {"prompt_lookup": 0, "eagle3": 0}
 
     def begin(self, rows: int, length: int) -> None:
         self.eagle.begin(rows, length)

@@ -1,5 +1,5 @@
 """What one request's decoding did (`Trace`: its tokens, target forwards, drafts proposed and accepted per round, its
-times) and the stopping rule every decoding loop shares: at most `max_new_tokens` tokens, ending at the first stop
+times; the benchmark's row fields from it: draftsmith.benchmark.results.trace_counts) and the stopping rule every decoding loop shares: at most `max_new_tokens` tokens, ending at the first stop
 token (kept), so that the engine's outputs and the reference's compare token for token.
 """
 
@@ -24,34 +24,6 @@ class Trace:
     # time per output token after it; one request alone: the first token's time and the rest's time per token
     ttft_seconds: float | None = None
     tpot_seconds: float | None = None
-
-    def counts(self, k: int) -> dict:
-        """Row fields of `draftsmith.benchmark.results` (rounds without a proposal are not drafts)."""
-        if any(p > k for p in self.proposed):
-            raise ValueError(f"a round proposed more than k={k} draft tokens: {max(self.proposed)}")
-        if any(a > p for a, p in zip(self.accepted, self.proposed)):
-            raise ValueError("a round accepted more draft tokens than it proposed")
-        row = {
-            "new_tokens": len(self.tokens),
-            "target_forwards": self.target_forwards,
-            "drafts": sum(1 for p in self.proposed if p > 0),
-            "draft_tokens": sum(self.proposed),
-            "accepted_tokens": sum(self.accepted),
-            "seconds": self.seconds,
-            "first_token_seconds": self.first_token_seconds,
-            **self.latency(),
-        }
-        for i in range(1, k + 1):
-            row[f"accept_pos_{i}"] = sum(1 for a in self.accepted if a >= i)
-        return row
-
-    def latency(self) -> dict:
-        """The request's time to its first token and time per output token after it (alone: its own times)."""
-        if self.ttft_seconds is not None:
-            return {"ttft_seconds": self.ttft_seconds, "tpot_seconds": self.tpot_seconds}
-        first = self.first_token_seconds
-        after = (self.seconds - first) / (len(self.tokens) - 1) if first is not None and len(self.tokens) > 1 else None
-        return {"ttft_seconds": first, "tpot_seconds": after}
 
 
 def cut_output(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:

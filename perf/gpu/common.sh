@@ -37,9 +37,9 @@ wall_seconds() {  # "pipeline wall seconds" since $1 (date +%s), into device.txt
   echo "pipeline wall seconds: $(( $(date +%s) - $1 ))" | tee -a "$OUT/device.txt"
 }
 
-gpu_tests() {  # the GPU-only engine tests (CUDA-graph replay against the eager engine, kernel tuning; about 50 s) in
+gpu_tests() {  # the GPU-only engine tests (CUDA-graph replay against the eager engine; about 50 s) in
   # $OUT/gpu_tests.log: a fault only a GPU shows stops the run here, not after the data and training stages
-  python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_decoding.py -k "cuda_graph or kernel_tuning" \
+  python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_decoding.py -k cuda_graph \
     > "$OUT/gpu_tests.log" 2>&1 || { tail -n 40 "$OUT/gpu_tests.log"; return 1; }
   tail -n 1 "$OUT/gpu_tests.log"
 }

@@ -32,9 +32,8 @@ tar czf "$OUT/$res.tgz" $res/logs $res/benchmarks $res/report $res/benchmark $re
   $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
 if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # after $res.tgz took the bf16 results, which this replaces
   first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" $configs)
-  # losslessness, not speed: no prompt lookup (the hybrid has its drafts), no kernel tuning (any kernels must give
-  # greedy's tokens)
-  printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft, hybrid]\n  tune_kernels: false\n' > /tmp/fp32-overlay.yaml
+  # losslessness, not speed: no prompt lookup (the hybrid has its drafts)
+  printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft, hybrid]\n' > /tmp/fp32-overlay.yaml
   run_snakemake "$res/benchmark/$first/summary.json" --configfile $configs /tmp/fp32-overlay.yaml \
     > /tmp/snakemake-fp32.log 2>&1 || status=$?
   tail -n 5 /tmp/snakemake-fp32.log
