@@ -15,7 +15,8 @@ import torch
 
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.batch_target import BatchTarget
-from draftsmith.decoding.engine import NoDrafts, serve
+from draftsmith.decoding.engine import serve
+from draftsmith.decoding.engine_proposers import NoDrafts
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.results import trace_counts, trace_latency
 from draftsmith.decoding.reference import greedy_decode

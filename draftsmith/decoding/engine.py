@@ -35,7 +35,8 @@ import time
 import torch
 
 from draftsmith.decoding.batch_kv import on_device
-from draftsmith.decoding.batch_target import MAX_ROUND_STEPS, AdmittedPrompts, BatchTarget
+from draftsmith.decoding.batch_target import MAX_ROUND_STEPS, BatchTarget
+from draftsmith.decoding.engine_proposers import NoDrafts
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.static_cache import prompt_bucket
 from draftsmith.decoding.trace import Trace, cut_output, synchronize
@@ -47,19 +48,6 @@ def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int, bucketed
     cache's last slot, `BatchTarget.decode`)."""
     longest = max(len(p) for p in prompts)
     return (prompt_bucket(longest) if bucketed else longest) + max_new_tokens + (3 * (k + 1) if k else 0)
-
-
-class NoDrafts:
-    """Target-only decoding as a proposer: no drafts, so `serve` decodes each round on the device alone
-    (`BatchTarget.decode`): greedy or sampled, one step a round or several."""
-
-    needs_aux = False
-
-    def begin(self, rows: int, length: int) -> None:
-        pass
-
-    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
-        pass
 
 
 @torch.inference_mode()

@@ -25,6 +25,25 @@ from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, capt
 from draftsmith.decoding.ngrams import ContextNgrams
 
 
+class NoDrafts:
+    """Target-only decoding: no drafts. `serve` then decodes each round on the device alone (`BatchTarget.decode`:
+    greedy or sampled, one step a round or several); the reference loop verifies its one-token rounds."""
+
+    needs_aux = False
+
+    def begin(self, rows: int, length: int) -> None:
+        pass
+
+    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
+        pass
+
+    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
+        return torch.zeros((len(contexts), 0), dtype=torch.long), [0] * len(contexts)
+
+    def accept(self, next_tokens, aux, counts) -> None:
+        pass
+
+
 class PromptLookupProposer:
     """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
 

@@ -26,27 +26,14 @@ from transformers import DynamicCache
 
 from draftsmith.decoding import draft_kernels
 from draftsmith.decoding.batch_target import AdmittedPrompts
+from draftsmith.decoding.engine_proposers import NoDrafts
 from draftsmith.decoding.target import TargetModel, causal_mask
 from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
 
 
-@torch.inference_mode()
 def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> Trace:
-    """Target-only greedy decoding, one target forward per token."""
-    device = target.device
-    synchronize(device)
-    start = time.perf_counter()
-    logits, _ = target.start(prompt_ids)
-    next_token = logits[-1].argmax()
-    tokens = [int(next_token)]  # the host must see each token to apply the stopping rule
-    first_token_seconds = time.perf_counter() - start
-    while not answer_done(tokens, tokens[-1:], max_new_tokens, stop_ids):
-        logits, _ = target.forward(next_token.view(1, 1), keep=1)
-        next_token = logits[-1].argmax()
-        tokens.append(int(next_token))
-    synchronize(device)
-    return Trace(tokens=tokens, target_forwards=len(tokens), seconds=time.perf_counter() - start,
-                 first_token_seconds=first_token_seconds)
+    """Target-only greedy decoding, one target forward per token: the speculative loop without drafts."""
+    return speculative_decode(target, NoDrafts(), prompt_ids, 1, max_new_tokens, stop_ids)
 
 
 @torch.inference_mode()
@@ -71,10 +58,11 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     while not done:
         draft, proposed = proposer.propose([context], k)
         m = int(draft.shape[1])
-        logits, aux = target.forward(torch.cat([last[None], draft], dim=1), keep=m + 1, with_aux=proposer.needs_aux)
+        inputs = torch.cat([last[None], draft], dim=1) if m else last[None]
+        logits, aux = target.forward(inputs, keep=m + 1, with_aux=proposer.needs_aux)
         trace.target_forwards += 1
         verified = logits.argmax(-1)  # [m + 1]: the target's token after each input position
-        both = torch.cat([draft[0], verified]).tolist()  # the one host sync of the round
+        both = (torch.cat([draft[0], verified]) if m else verified).tolist()  # the one host sync of the round
         drafted, target_tokens = both[:m], both[m:]
         accepted = 0
         while accepted < proposed[0] and drafted[accepted] == target_tokens[accepted]:
