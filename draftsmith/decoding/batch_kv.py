@@ -153,6 +153,17 @@ class BatchKV:
         values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
         return keys[:, :, : self.span], values[:, :, : self.span]
 
+    @contextmanager
+    def writing(self, prefill_rows: torch.Tensor | None = None, write_slots: torch.Tensor | None = None,
+                span: int | None = None):
+        """Within the block a forward writes the prompts of rows `prefill_rows`, or every row's `write_slots`, reading
+        the first `span` slots (default: all)."""
+        self.prefill_rows, self.write_slots, self.span = prefill_rows, write_slots, span or self.length
+        try:
+            yield self
+        finally:
+            self.prefill_rows, self.write_slots, self.span = None, None, self.length
+
     def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, width: int) -> None:
         """Slots 0..width-1 of rows `sources` into rows `targets`, in every layer (a prefill shared by a repeated
         prompt's rows)."""

@@ -315,14 +315,9 @@ class BatchTarget:
         """The prompts `ids` (starting at `starts`) into cache rows `index`, keeping the logits at position `kept`
         [1], on the device alone (what a graph captures)."""
         slots, mask, positions = prefill_layout(starts, ids.shape[1])
-        cache = self.rows.cache
-        cache.prefill_rows = index
-        try:
-            with grouped_attention(self._attention):
-                return self.target.call(kept, with_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
-                                        cache_position=slots, past_key_values=cache)
-        finally:
-            cache.prefill_rows = None
+        with self.rows.cache.writing(prefill_rows=index) as cache, grouped_attention(self._attention):
+            return self.target.call(kept, with_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    cache_position=slots, past_key_values=cache)
 
     def first_tokens(self, rows: list[int], logits: torch.Tensor, sampling: Sampling, seeds: list[int]) -> torch.Tensor:
         """The first token [R] of each of `rows`' new requests, chosen from its prompt's last logits (the draw of its
@@ -412,14 +407,10 @@ class BatchTarget:
             mask, attention = torch.stack((first, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
         else:
             mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
-        rows.cache.write_slots, rows.cache.span = slots, span
-        try:
-            with grouped_attention(self._attention, attention):
-                return self.target.call(keep, with_aux, input_ids=input_ids, attention_mask=mask,
-                                        position_ids=(slots - rows.starts[:, None]).clamp(min=0),
-                                        cache_position=slots[0], past_key_values=rows.cache)
-        finally:
-            rows.cache.write_slots, rows.cache.span = None, rows.cache.length
+        with rows.cache.writing(write_slots=slots, span=span) as cache, grouped_attention(self._attention, attention):
+            return self.target.call(keep, with_aux, input_ids=input_ids, attention_mask=mask,
+                                    position_ids=(slots - rows.starts[:, None]).clamp(min=0),
+                                    cache_position=slots[0], past_key_values=cache)
 
     @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
     def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:

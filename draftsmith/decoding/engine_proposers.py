@@ -127,21 +127,14 @@ class BatchEagle3Proposer:
         """The draft's prompt inputs (tokens [R, W], the target's states [R, W, 3H], starting at `starts`) into cache
         rows `index`, on the device alone (what a graph captures)."""
         slots, mask, positions = prefill_layout(starts, tokens.shape[1])
-        cache = self.rows.cache
-        cache.prefill_rows = index
-        try:
+        with self.rows.cache.writing(prefill_rows=index) as cache:
             return draft_layers(self.draft, tokens, self.draft.fc(aux), positions + 1, slots, mask, cache)
-        finally:
-            cache.prefill_rows = None
 
     def _layers(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         rows = self.rows
-        rows.cache.write_slots = slots
-        try:
+        with rows.cache.writing(write_slots=slots) as cache:
             return draft_layers(self.draft, tokens, hidden, (slots - rows.starts[:, None]).clamp(min=0) + 1, slots[0],
-                                row_mask(slots, rows.starts, rows.cache.length), rows.cache)
-        finally:
-            rows.cache.write_slots = None
+                                row_mask(slots, rows.starts, cache.length), cache)
 
     def propose(self, contexts, k: int, chain: int | None = None) -> tuple[torch.Tensor, list[int]]:
         """A chain of `chain` (default k) drafts per row [B, chain] (target vocabulary), and that count for every row; a
