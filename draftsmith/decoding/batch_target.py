@@ -339,8 +339,7 @@ class BatchTarget:
         span = rows.cache.length if self.ragged else attention_span(
             max((rows.host_lengths[r] for r in busy), default=0) + steps + CapturedStep.WARM_UP_RUNS, rows.cache.length)
         key = ("decode", rows.cache.rows, sampling, span)
-        ran = steps + (CapturedStep.WARM_UP_RUNS if self.buffers.graphs.enabled and
-                       key not in self.buffers.graphs.steps else 0)
+        ran = steps + self.buffers.graphs.first_call_runs(key)
         rows.out[:, 0] = rows.tokens
         rows.step.fill_(1)
         step = functools.partial(self._decode_step, span=span, sampling=sampling)

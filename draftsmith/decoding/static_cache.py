@@ -81,6 +81,10 @@ class StepGraphs:
             self.steps[key] = CapturedStep(fn, list(inputs))
         return self.steps[key](*inputs)
 
+    def first_call_runs(self, key) -> int:
+        """The runs of its function beyond the one that a call under `key` makes now: a first capture's warm-up."""
+        return CapturedStep.WARM_UP_RUNS if self.enabled and key not in self.steps else 0
+
     def clear(self) -> None:
         self.steps.clear()
 
