@@ -2,8 +2,8 @@
 taking the next prompt as soon as its answer ends (refill); speculative decoding with greedy verification, and
 target-only decoding, greedy or sampled.
 
-`serve` decodes N rows over one static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per
-request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.decoding.reference), so a
+`serve` (its requests' bookkeeping a `Flight`, its loop of refills and rounds `Rounds`) decodes N rows over one
+static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.decoding.reference), so a
 row's output is comparable token for token with the reference's. `generate` is regenerate's entry (target-only, many
 prompts, a prompt's samples sharing one prefill). The target's side of a round, its rows' cache, slots, masks and
 CUDA graphs, is draftsmith.decoding.batch_target; the proposers for rows in flight (prompt lookup, EAGLE-3, the
@@ -63,7 +63,7 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
     done.
     `every_row`: all `concurrency` rows even for fewer prompts (regenerate's chunks then share one set of buffers and
     graphs), else at most one a prompt."""
-    sampling, stop_ids = sampling or Sampling(), set(stop_ids)
+    sampling = sampling or Sampling()
     drafting = not isinstance(proposer, NoDrafts)
     if k < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
@@ -73,138 +73,182 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not 1 <= steps <= MAX_ROUND_STEPS:
         raise ValueError(f"a round takes 1 to {MAX_ROUND_STEPS} decode steps, got {steps}")
-    seeds = list(seeds) if seeds is not None else [0] * len(prompts)
-    device = target.device
     rows = concurrency if every_row else min(concurrency, len(prompts))
     length = serve_length(prompts, max_new_tokens, k if drafting else 0, target.bucketed_prefills)
     target.begin(rows, length)
     target.rows.stop_at(stop_ids, max_new_tokens)
     proposer.begin(rows, length)
-    lagging = not drafting and steps > 1
-    queue = list(range(len(prompts)))[::-1]  # pop() takes the next
-    owner = [-1] * rows  # each row's request (-1: none)
-    since = [0] * rows  # the first round each row's request is in
-    contexts: list[list[int]] = [[] for _ in range(rows)]  # host copies for n-gram lookup
-    traces: list[Trace | None] = [None] * len(prompts)
-    admitted, finished = [0.0] * len(prompts), [0.0] * len(prompts)
-    last = torch.zeros(rows, dtype=torch.long, device=device)
-    looks: list = []  # target-only rounds launched and not yet read: (round, read)
-    launched = 0  # rounds launched
-    refill_at = max(1, rows // 64)
-    synchronize(device)
-    start = time.perf_counter()
+    flight = Flight(prompts, rows, max_new_tokens, set(stop_ids), drafting, progress)
+    run = Rounds(target, proposer, flight, k, sampling, list(seeds) if seeds is not None else [0] * len(prompts), steps)
+    return run()
 
-    def record(row: int, new: list[int], forwards: int, now: float, free: list[int]) -> None:
-        """`new` tokens of the row's answer (cut by the stopping rule), from `forwards` target forwards."""
-        i = owner[row]
-        trace = traces[i]
-        if not trace.tokens:
-            trace.first_token_seconds = trace.ttft_seconds = now - admitted[i]
-        # most rows go on: checked at C speed, a round of regenerate's 2,048 rows x 16 tokens costs the host
-        # milliseconds (a Python loop over every token cost it about as much as the device's round)
-        done = len(trace.tokens) + len(new) >= max_new_tokens or not stop_ids.isdisjoint(new)
-        if done:
-            new = cut_output(new, max_new_tokens - len(trace.tokens), stop_ids)
-        trace.tokens += new
-        trace.target_forwards += forwards
-        if drafting:
-            contexts[row] += new
-        if done:
-            finished[i], owner[row] = now, -1
-            free.append(row)
 
-    def next_prefill(free: list[int]) -> list[int]:
+class Flight:
+    """The requests of one `serve` run: the queue of prompts, each row's request (`owner`, -1: none) and the first
+    round it is in (`since`), the host's copy of each drafting row's context (for n-gram lookup), and each request's
+    trace and times (admitted: a refilled request when its row came free; finished)."""
+
+    def __init__(self, prompts: list[list[int]], rows: int, max_new_tokens: int, stop_ids: set[int], drafting: bool,
+                 progress=None):
+        self.prompts, self.max_new_tokens, self.stop_ids, self.drafting = prompts, max_new_tokens, stop_ids, drafting
+        self.progress = progress
+        self.queue = list(range(len(prompts)))[::-1]  # pop() takes the next
+        self.owner, self.since = [-1] * rows, [0] * rows
+        self.contexts: list[list[int]] = [[] for _ in range(rows)]
+        self.traces: list[Trace | None] = [None] * len(prompts)
+        self.admitted, self.finished = [0.0] * len(prompts), [0.0] * len(prompts)
+
+    def next_prompts(self, free: int, limit: int) -> list[int]:
         """The queue's next prompts for one prefill: at most one a free row, distinct prompts x the longest at most
-        the prefill limit (one at least)."""
+        `limit` tokens (one at least)."""
         take, distinct, longest = [], set(), 0
-        while queue and len(take) < len(free):
-            prompt = tuple(prompts[queue[-1]])
-            more = (len(distinct) + (prompt not in distinct)) * max(longest, len(prompt))
-            if take and more > target.prefill_limit:
+        while self.queue and len(take) < free:
+            prompt = tuple(self.prompts[self.queue[-1]])
+            if take and (len(distinct) + (prompt not in distinct)) * max(longest, len(prompt)) > limit:
                 break
-            take.append(queue.pop())
+            take.append(self.queue.pop())
             distinct.add(prompt)
             longest = max(longest, len(prompt))
         return take
 
-    def refill(free: list[int], at: float) -> None:
+    def admit(self, rows: list[int], take: list[int], at: float, round_: int) -> None:
+        """Requests `take` into `rows` at time `at`, their first round `round_`."""
+        for row, i in zip(rows, take):
+            self.admitted[i], self.owner[row], self.since[row] = at, i, round_
+            self.traces[i] = Trace(tokens=[], target_forwards=0)
+            self.contexts[row] = list(self.prompts[i]) if self.drafting else []
+
+    def record(self, row: int, new: list[int], forwards: int, now: float, free: list[int]) -> None:
+        """`new` tokens of the row's answer (cut by the stopping rule), from `forwards` target forwards; a row whose
+        answer ended joins `free`."""
+        i = self.owner[row]
+        trace = self.traces[i]
+        if not trace.tokens:
+            trace.first_token_seconds = trace.ttft_seconds = now - self.admitted[i]
+        # most rows go on: checked at C speed, a round of regenerate's 2,048 rows x 16 tokens costs the host
+        # milliseconds (a Python loop over every token cost it about as much as the device's round)
+        done = len(trace.tokens) + len(new) >= self.max_new_tokens or not self.stop_ids.isdisjoint(new)
+        if done:
+            new = cut_output(new, self.max_new_tokens - len(trace.tokens), self.stop_ids)
+        trace.tokens += new
+        trace.target_forwards += forwards
+        if self.drafting:
+            self.contexts[row] += new
+        if done:
+            self.finished[i], self.owner[row] = now, -1
+            free.append(row)
+            if self.progress is not None:
+                self.progress(1)
+
+    def busy(self) -> bool:
+        return any(o >= 0 for o in self.owner)
+
+    def results(self, wall: float) -> list[Trace]:
+        """The traces, each with its share of the run's `wall` time (summed: the run's throughput) and its time per
+        output token after the first."""
+        for i, trace in enumerate(self.traces):
+            trace.seconds = wall / len(self.traces)
+            after_first = self.finished[i] - self.admitted[i] - trace.ttft_seconds
+            trace.tpot_seconds = after_first / (len(trace.tokens) - 1) if len(trace.tokens) > 1 else None
+        return self.traces
+
+
+class Rounds:
+    """`serve`'s loop over a `Flight`: refills, and speculative or target-only rounds, until every request is done."""
+
+    def __init__(self, target: BatchTarget, proposer, flight: Flight, k: int, sampling: Sampling, seeds: list[int],
+                 steps: int):
+        self.target, self.proposer, self.flight, self.k = target, proposer, flight, k
+        self.sampling, self.seeds, self.steps = sampling, seeds, steps
+        self.rows = len(flight.owner)
+        self.lagging = not flight.drafting and steps > 1  # target-only rounds read one round late
+        self.last = torch.zeros(self.rows, dtype=torch.long, device=target.device)  # each drafting row's next input
+        self.looks: list = []  # target-only rounds launched and not yet read: (round, read)
+        self.launched = 0  # rounds launched
+        self.refill_at = max(1, self.rows // 64)
+
+    def __call__(self) -> list[Trace]:
+        device = self.target.device
+        synchronize(device)
+        start = time.perf_counter()
+        self.refill(list(range(self.rows)), start)
+        while self.flight.busy():
+            free: list[int] = []
+            now = self.verify(free) if self.flight.drafting else self.decode(free)
+            if now is not None:
+                self.refill(free, now)
+        synchronize(device)
+        return self.flight.results(time.perf_counter() - start)
+
+    def refill(self, free: list[int], at: float) -> None:
         """The next prompts into the `free` rows, which came free at time `at` (a client in a closed loop sends its
         next request as its last answer ends): their time to first token counts from then."""
+        target, flight = self.target, self.flight
         target.rows.release(free)
-        while free and queue and (len(free) >= min(refill_at, len(queue)) or len(free) == rows):
-            take = next_prefill(free)
+        while free and flight.queue and (len(free) >= min(self.refill_at, len(flight.queue)) or len(free) == self.rows):
+            take = flight.next_prompts(len(free), target.prefill_limit)
             used, free[:] = free[: len(take)], free[len(take):]
-            admitted_prompts, logits = target.prefill(used, [prompts[i] for i in take], with_aux=proposer.needs_aux)
-            first = target.first_tokens(used, logits, sampling, [seeds[i] for i in take])
-            proposer.prefill(used, admitted_prompts, first)
-            for row, i in zip(used, take):
-                admitted[i], owner[row], since[row] = at, i, launched
-                traces[i] = Trace(tokens=[], target_forwards=0)
-                contexts[row] = list(prompts[i]) if drafting else []
-            if lagging:  # the first tokens come with the next round's (column 0)
+            admitted, logits = target.prefill(used, [flight.prompts[i] for i in take], with_aux=self.proposer.needs_aux)
+            first = target.first_tokens(used, logits, self.sampling, [self.seeds[i] for i in take])
+            self.proposer.prefill(used, admitted, first)
+            flight.admit(used, take, at, self.launched)
+            if self.lagging:  # the first tokens come with the next round's (column 0)
                 continue
-            if drafting:
-                last[on_device(used, device)] = first
+            if flight.drafting:
+                self.last[on_device(used, target.device)] = first
             firsts, now = first.tolist(), time.perf_counter()
             done: list[int] = []
             for row, token in zip(used, firsts):
-                record(row, [token], 1, now, done)
-            if done:
-                target.rows.release(done)
-                free += done
-                if progress is not None:
-                    progress(len(done))
+                flight.record(row, [token], 1, now, done)
+            target.rows.release(done)
+            free += done
             at = now
 
-    refill(list(range(rows)), start)
-    while any(o >= 0 for o in owner):
-        free: list[int] = []
-        if drafting:
-            draft, proposed = proposer.propose(contexts, k)
-            m = draft.shape[1]
-            inputs = torch.cat([last[:, None], draft], dim=1) if m else last[:, None]
-            logits, aux = target.forward(inputs, with_aux=proposer.needs_aux)
-            verified = logits.argmax(-1)  # [B, m + 1]: the target's token after each input position
-            both = (torch.cat([draft, verified], dim=1) if m else verified).tolist()  # the round's one host sync
-            drafted, target_tokens = [b[:m] for b in both], [b[m:] for b in both]
-            now = time.perf_counter()
-            counts = [0] * rows
-            for row, i in enumerate(owner):
-                if i < 0:
-                    continue
-                accepted = 0
-                while accepted < proposed[row] and drafted[row][accepted] == target_tokens[row][accepted]:
-                    accepted += 1
-                traces[i].proposed.append(proposed[row])
-                traces[i].accepted.append(accepted)
-                counts[row] = accepted + 1
-                record(row, target_tokens[row][: accepted + 1], 1, now, free)
-            proposer.accept(verified, aux, counts)
-            target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
-            # the bonus tokens from the host's copy: one queued copy rather than a round of indexing kernels
-            last = on_device([tokens[c - 1] if c else 0 for tokens, c in zip(target_tokens, counts)], device)
-        else:
-            ran = target.decode(steps, sampling)
-            looks.append((launched, target.rows.look(ran + 1)))
-            launched += 1
-            if lagging and len(looks) < 2:
+    def verify(self, free: list[int]) -> float:
+        """A speculative round: each row's drafts verified in one target forward, each row accepting its own longest
+        prefix of drafts equal to the target's tokens, plus the target's token after it."""
+        target, proposer, flight = self.target, self.proposer, self.flight
+        draft, proposed = proposer.propose(flight.contexts, self.k)
+        m = draft.shape[1]
+        inputs = torch.cat([self.last[:, None], draft], dim=1) if m else self.last[:, None]
+        logits, aux = target.forward(inputs, with_aux=proposer.needs_aux)
+        verified = logits.argmax(-1)  # [B, m + 1]: the target's token after each input position
+        both = (torch.cat([draft, verified], dim=1) if m else verified).tolist()  # the round's one host sync
+        drafted, target_tokens = [b[:m] for b in both], [b[m:] for b in both]
+        now = time.perf_counter()
+        counts = [0] * self.rows
+        for row, i in enumerate(flight.owner):
+            if i < 0:
                 continue
-            round_, read = looks.pop(0)
-            tokens, now = read(), time.perf_counter()
-            for row, i in enumerate(owner):
-                if i >= 0 and since[row] <= round_:
-                    new = tokens[row][1 if traces[i].tokens else 0:]  # column 0: the first token, where unread
-                    record(row, new, len(new), now, free)
-        if progress is not None and free:
-            progress(len(free))
-        refill(free, now)
-    synchronize(device)
-    wall = time.perf_counter() - start
-    for i, trace in enumerate(traces):
-        trace.seconds = wall / len(traces)  # the requests share the run's wall time: summed, its throughput
-        after_first = finished[i] - admitted[i] - trace.ttft_seconds
-        trace.tpot_seconds = after_first / (len(trace.tokens) - 1) if len(trace.tokens) > 1 else None
-    return traces
+            accepted = 0
+            while accepted < proposed[row] and drafted[row][accepted] == target_tokens[row][accepted]:
+                accepted += 1
+            flight.traces[i].proposed.append(proposed[row])
+            flight.traces[i].accepted.append(accepted)
+            counts[row] = accepted + 1
+            flight.record(row, target_tokens[row][: accepted + 1], 1, now, free)
+        proposer.accept(verified, aux, counts)
+        target.advance(counts)  # everything a row verified but its bonus token, which the next round feeds
+        # the bonus tokens from the host's copy: one queued copy rather than a round of indexing kernels
+        self.last = on_device([tokens[c - 1] if c else 0 for tokens, c in zip(target_tokens, counts)], target.device)
+        return now
+
+    def decode(self, free: list[int]) -> float | None:
+        """A target-only round of `steps` decode steps on the device; with several a round, the round before it read
+        (None while none is: the first round)."""
+        target, flight = self.target, self.flight
+        ran = target.decode(self.steps, self.sampling)
+        self.looks.append((self.launched, target.rows.look(ran + 1)))
+        self.launched += 1
+        if self.lagging and len(self.looks) < 2:
+            return None
+        round_, read = self.looks.pop(0)
+        tokens, now = read(), time.perf_counter()
+        for row, i in enumerate(flight.owner):
+            if i >= 0 and flight.since[row] <= round_:
+                new = tokens[row][1 if flight.traces[i].tokens else 0:]  # column 0: the first token, where unread
+                flight.record(row, new, len(new), now, free)
+        return now
 
 
 def generate(target: BatchTarget, prompts: list[list[int]], max_new_tokens: int, stop_ids, concurrency: int,
