@@ -219,12 +219,13 @@ def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int
 
 
 class BatchTarget:
-    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`. `ragged`
-    decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel) rather than
-    every row to the common span, one graph for every step; `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels:
-    each bisection step of the nucleus reads the vocabulary once instead of three times); `capture_prefills` False runs
-    every prefill eagerly at the prompts' own width (regenerate: a refill of many rows of any width, whose shapes a
-    graph each would not pay back). `prefill_limit`: the tokens one prefill forward takes at most (`serve`)."""
+    """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`.
+    `ragged` decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel)
+    rather than every row to the common span, one graph for every step; `compile_sampler` hands a decode step's
+    token choice to torch.compile (fused kernels: each bisection step of the nucleus reads the vocabulary once
+    instead of three times); `capture_prefills` False runs every prefill eagerly at the prompts' own width
+    (regenerate: a refill of many rows of any width, whose shapes a graph each would not pay back). `prefill_limit`:
+    the tokens one prefill forward takes at most (`serve`)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
 

@@ -2,12 +2,13 @@
 taking the next prompt as soon as its answer ends (refill); speculative decoding with greedy verification, and
 target-only decoding, greedy or sampled.
 
-`serve` (its requests' bookkeeping a `Flight`, its loop of refills and rounds `Rounds`) decodes N rows over one
-static KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per request), with the stopping rule and the `Trace` of the eager reference loops (draftsmith.decoding.reference), so a
-row's output is comparable token for token with the reference's. `generate` is regenerate's entry (target-only, many
-prompts, a prompt's samples sharing one prefill). The target's side of a round, its rows' cache, slots, masks and
-CUDA graphs, is draftsmith.decoding.batch_target; the proposers for rows in flight (prompt lookup, EAGLE-3, the
-hybrid) are draftsmith.decoding.engine_proposers.
+`serve` (its requests' bookkeeping a `Flight`, its loop of refills and rounds `Rounds`) decodes N rows over one static
+KV cache per model (`BatchKV` of draftsmith.decoding.batch_kv, one row per request), with the stopping rule and the
+`Trace` of the eager reference loops (draftsmith.decoding.reference), so a row's output is comparable token for token
+with the reference's. `generate` is regenerate's entry (target-only, many prompts, a prompt's samples sharing one
+prefill). The target's side of a round, its rows' cache, slots, masks and CUDA graphs, is
+draftsmith.decoding.batch_target; the proposers for rows in flight (prompt lookup, EAGLE-3, the hybrid) are
+draftsmith.decoding.engine_proposers.
 
 Speculative round (temperature 0): the proposer drafts per row (EAGLE-3: one draft forward over all rows per chain
 step; prompt lookup: an n-gram lookup per row, the drafts padded to the longest row's count); the target verifies

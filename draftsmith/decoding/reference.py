@@ -11,10 +11,11 @@ with its KV cache; drafts are accepted while they equal the target's argmax, and
 mismatch (or after the last draft) is appended as the bonus token. Every emitted token is the target's argmax, so the
 output equals target-only greedy decoding up to floating-point ties.
 
-A proposer speaks the engine's interface (draftsmith.decoding.engine_proposers) with one row. EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`): draft position t
-reads `cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and predicts x[t+2]; each further chain step
-feeds the embedding of the token just drafted with the draft's own last-layer output (before `norm`) at the next
-position id, attending to the verified context and to its own chain. Draft token d maps to target token d + d2t[d].
+A proposer speaks the engine's interface (draftsmith.decoding.engine_proposers) with one row. EAGLE-3 conventions
+(speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`): draft position t reads `cat(embed(x[t+1]),
+fc(cat(aux states at t)))` at position id t+1 and predicts x[t+2]; each further chain step feeds the embedding of the
+token just drafted with the draft's own last-layer output (before `norm`) at the next position id, attending to the
+verified context and to its own chain. Draft token d maps to target token d + d2t[d].
 """
 
 from __future__ import annotations

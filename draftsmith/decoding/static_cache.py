@@ -1,5 +1,6 @@
-"""CUDA-graph replay of decoding steps (`StepGraphs`: captured per shape), the attention span a step reads, the
-prompt buckets a prefill is padded to, and what a model must be for draftsmith to keep its KV cache static (the engine: draftsmith.decoding.engine.serve over BatchKV).
+"""CUDA-graph replay of decoding steps (`StepGraphs`: captured per shape), the attention span a step reads, the prompt
+buckets a prefill is padded to, and what a model must be for draftsmith to keep its KV cache static (the engine:
+draftsmith.decoding.engine.serve over BatchKV).
 
 A decode step of a small model is launch-bound: hundreds of kernel launches from Python cost far more than the
 kernels. A step whose tensors all live at fixed addresses (the KV cache preallocated, the write slots device

@@ -1,6 +1,7 @@
 """What one request's decoding did (`Trace`: its tokens, target forwards, drafts proposed and accepted per round, its
-times; the benchmark's row fields from it: draftsmith.benchmark.results.trace_counts) and the stopping rule every decoding loop shares: at most `max_new_tokens` tokens, ending at the first stop
-token (kept), so that the engine's outputs and the reference's compare token for token.
+times; the benchmark's row fields from it: draftsmith.benchmark.results.trace_counts) and the stopping rule every
+decoding loop shares: at most `max_new_tokens` tokens, ending at the first stop token (kept), so that the engine's
+outputs and the reference's compare token for token.
 """
 
 from __future__ import annotations
