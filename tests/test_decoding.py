@@ -16,10 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, PromptLookupProposer
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, NoDrafts, PromptLookupProposer
 from draftsmith.decoding.batch_target import AdmittedPrompts, BatchTarget
 from draftsmith.decoding.engine import serve
-from draftsmith.decoding.engine_proposers import NoDrafts
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.ngrams import ContextNgrams, NgramIndex, prompt_lookup_candidates
 from draftsmith.decoding.reference import Eagle3Proposer, draft_layers_forward

@@ -13,10 +13,9 @@ import pytest
 import test_decoding as spec_tests
 import torch
 
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, NoDrafts
 from draftsmith.decoding.batch_target import BatchTarget
 from draftsmith.decoding.engine import serve
-from draftsmith.decoding.engine_proposers import NoDrafts
 from draftsmith.benchmark.methods import ProposerSettings, method_decoders, method_proposers
 from draftsmith.benchmark.results import trace_counts, trace_latency
 from draftsmith.decoding.reference import greedy_decode
@@ -145,6 +144,21 @@ def test_requests_share_the_run_s_wall_time_and_keep_their_own_latency(tiny):
         assert trace.ttft_seconds > 0 and (trace.tpot_seconds > 0 or len(trace.tokens) == 1)
         # no request takes longer than the whole run: its first token, then every later one
         assert trace.ttft_seconds + trace.tpot_seconds * (len(trace.tokens) - 1) <= trace.seconds * len(traces) + 1e-6
+
+
+@pytest.mark.parametrize("drafting", [False, True])
+def test_progress_counts_each_answer_once_in_a_report_a_round_or_refill(tiny, drafting):
+    """`progress(n)`: n more answers done, every answer counted exactly once, and reported once a round (and once a
+    refill, for answers its first token ends) rather than once an answer: the rows that run to max_new_tokens side by
+    side end in the same round and come in one report."""
+    prompts, stop = batch_of(tiny, 5)
+    proposer = BatchEagle3Proposer(tiny["trained"]) if drafting else NoDrafts()
+    calls: list[int] = []
+    traces = serve(BatchTarget(tiny["target"]), proposer, prompts, 5, 3, MAX_NEW, stop, progress=calls.append)
+    assert sum(calls) == len(prompts) == len(traces) and min(calls) >= 1
+    if not drafting:  # one token a round for every row: those cut at the limit end together
+        at_limit = sum(len(t.tokens) == MAX_NEW for t in traces)
+        assert at_limit >= 2 and max(calls) >= at_limit
 
 
 def test_offline_benchmark_sweeps_batch_sizes(tiny):

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.decoding.engine import serve
-from draftsmith.decoding.engine_proposers import NoDrafts
-from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, PromptLookupProposer
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, NoDrafts, PromptLookupProposer
 from draftsmith.decoding.reference import Eagle3Proposer, greedy_decode, speculative_decode
 
 

@@ -79,9 +79,9 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
     target.begin(rows, length)
     target.rows.stop_at(stop_ids, max_new_tokens)
     proposer.begin(rows, length)
-    flight = Flight(prompts, rows, max_new_tokens, set(stop_ids), drafting, progress)
-    run = Rounds(target, proposer, flight, k, sampling, list(seeds) if seeds is not None else [0] * len(prompts), steps)
-    return run()
+    flight = Flight(prompts, rows, max_new_tokens, set(stop_ids), drafting)
+    seeds = list(seeds) if seeds is not None else [0] * len(prompts)
+    return Rounds(target, proposer, flight, k, sampling, seeds, steps, progress)()
 
 
 class Flight:
@@ -89,10 +89,8 @@ class Flight:
     round it is in (`since`), the host's copy of each drafting row's context (for n-gram lookup), and each request's
     trace and times (admitted: a refilled request when its row came free; finished)."""
 
-    def __init__(self, prompts: list[list[int]], rows: int, max_new_tokens: int, stop_ids: set[int], drafting: bool,
-                 progress=None):
+    def __init__(self, prompts: list[list[int]], rows: int, max_new_tokens: int, stop_ids: set[int], drafting: bool):
         self.prompts, self.max_new_tokens, self.stop_ids, self.drafting = prompts, max_new_tokens, stop_ids, drafting
-        self.progress = progress
         self.queue = list(range(len(prompts)))[::-1]  # pop() takes the next
         self.owner, self.since = [-1] * rows, [0] * rows
         self.contexts: list[list[int]] = [[] for _ in range(rows)]
@@ -138,8 +136,6 @@ class Flight:
         if done:
             self.finished[i], self.owner[row] = now, -1
             free.append(row)
-            if self.progress is not None:
-                self.progress(1)
 
     def busy(self) -> bool:
         return any(o >= 0 for o in self.owner)
@@ -155,12 +151,13 @@ class Flight:
 
 
 class Rounds:
-    """`serve`'s loop over a `Flight`: refills, and speculative or target-only rounds, until every request is done."""
+    """`serve`'s loop over a `Flight`: refills, and speculative or target-only rounds, until every request is done
+    (`progress(n)`: n more answers done, once a round and once a refill)."""
 
     def __init__(self, target: BatchTarget, proposer, flight: Flight, k: int, sampling: Sampling, seeds: list[int],
-                 steps: int):
+                 steps: int, progress=None):
         self.target, self.proposer, self.flight, self.k = target, proposer, flight, k
-        self.sampling, self.seeds, self.steps = sampling, seeds, steps
+        self.sampling, self.seeds, self.steps, self.progress = sampling, seeds, steps, progress
         self.rows = len(flight.owner)
         self.lagging = not flight.drafting and steps > 1  # target-only rounds read one round late
         self.last = torch.zeros(self.rows, dtype=torch.long, device=target.device)  # each drafting row's next input
@@ -177,6 +174,7 @@ class Rounds:
             free: list[int] = []
             now = self.verify(free) if self.flight.drafting else self.decode(free)
             if now is not None:
+                self.done(free)
                 self.refill(free, now)
         synchronize(device)
         return self.flight.results(time.perf_counter() - start)
@@ -202,8 +200,13 @@ class Rounds:
             for row, token in zip(used, firsts):
                 flight.record(row, [token], 1, now, done)
             target.rows.release(done)
+            self.done(done)
             free += done
             at = now
+
+    def done(self, rows: list[int]) -> None:
+        if rows and self.progress is not None:
+            self.progress(len(rows))
 
     def verify(self, free: list[int]) -> float:
         """A speculative round: each row's drafts verified in one target forward, each row accepting its own longest
