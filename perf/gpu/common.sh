@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-/tmp/draftsmith-out}
+RUN_DIR=/tmp/draftsmith-run  # where launch.sh runs a detached run (its copy of the tree)
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # recompiles of the draft's compiled forward show in the train rule's log

@@ -9,7 +9,7 @@ if [ -f /tmp/suite-out/done ]; then echo "finished, exit $(cat /tmp/suite-out/do
 log=/tmp/suite-out/snakemake.log
 [ ! -f "$log" ] || grep -E "Finished jobid|^localrule|^rule |Error" "$log" | tail -n 12
 (cd /tmp/suite-out && for f in *; do [ "$f" = done ] || cp -r "$f" "$OUT/"; done) 2>/dev/null || true
-[ -f /tmp/suite-out/done ] || tar czf "$OUT/partial.tgz" $(ls -d results-*/logs results-*/benchmarks \
+[ -f /tmp/suite-out/done ] || (cd "$RUN_DIR" && tar czf "$OUT/partial.tgz" $(ls -d results-*/logs results-*/benchmarks \
   results-*/data/*/*.stats.json results-*/draft/*/metrics.csv results-*/draft/*/training_data.json \
   results-*/draft/*/config.json results-*/shards/*/*/manifest.json results-*/benchmark/*/summary.json \
-  results-*/benchmark/*/per_prompt.csv results-*/report results-*/prepared/*/stats.json 2>/dev/null) || true
+  results-*/benchmark/*/per_prompt.csv results-*/report results-*/prepared/*/stats.json 2>/dev/null)) || true
