@@ -21,13 +21,11 @@ from draftsmith.decoding.batch_target import AdmittedPrompts, BatchTarget
 from draftsmith.decoding.engine import serve
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.ngrams import ContextNgrams, NgramIndex, prompt_lookup_candidates
-from draftsmith.decoding.reference import Eagle3Proposer, draft_layers_forward
-from draftsmith.decoding.draft_kernels import use_sdpa
 from draftsmith.decoding.target import TargetModel
 from draftsmith.decoding.reference import greedy_decode, speculative_decode
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
-from draftsmith.decoding.draft_kernels import RotaryTable, fuse_rms_norms, tabulate_rotary
+from draftsmith.decoding.draft_kernels import RotaryTable, draft_layers, fuse_rms_norms, tabulate_rotary, use_sdpa
 from draftsmith.decoding.static_cache import SPAN_GRANULE, CapturedStep, StepGraphs, prompt_bucket
 from draftsmith.draft_model import build_draft
 from draftsmith.io import write_jsonl
@@ -90,7 +88,9 @@ def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: i
     draft.train()
     for step in range(steps):
         tokens, aux, labels = data[step % len(data)]
-        hidden = draft_layers_forward(draft, tokens, draft.fc(aux))
+        n = tokens.shape[1]  # the whole sequence at once, causal, no cache: at position ids one past the slots
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        hidden = draft_layers(draft, tokens, draft.fc(aux), torch.arange(1, n + 1)[None], torch.arange(n), causal, None)
         loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(hidden))[0], labels, ignore_index=-100)
         opt.zero_grad()
         loss.backward()
@@ -138,7 +138,7 @@ def start(proposer, next_tokens: torch.Tensor, aux: torch.Tensor) -> None:
     first generated token last; aux [1, P, 3H] the target's states at them."""
     next_tokens = next_tokens.view(1, -1)
     ids = torch.cat([next_tokens[:, -1:], next_tokens[:, :-1]], dim=1)  # x[0], which the draft never reads: any token
-    proposer.begin(1, 0)
+    proposer.begin(1, ids.shape[1] + 16)  # the prompt and a few rounds' drafts
     starts = torch.zeros(1, dtype=torch.long)
     proposer.prefill([0], AdmittedPrompts(ids, starts, ids.shape[1] - 1, aux), next_tokens[:, -1])
 
@@ -154,8 +154,8 @@ def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_
     """Each round the hybrid's EAGLE-3 round runs (the draft sees every verified token); its drafts are prompt lookup's
     where the context's last min_ngram+ tokens recur, the draft's own elsewhere; either way decoding stays lossless."""
     target, stop = tiny["target"], tiny["stop"]
-    hybrid = HybridProposer(PromptLookupProposer(3, target.device), Eagle3Proposer(tiny["trained"]), min_ngram=2)
-    alone = Eagle3Proposer(tiny["trained"])
+    hybrid = HybridProposer(PromptLookupProposer(3, target.device), BatchEagle3Proposer(tiny["trained"]), min_ngram=2)
+    alone = BatchEagle3Proposer(tiny["trained"])
     prompt = tiny["prompts"][0]
     with torch.inference_mode():
         logits, aux = target.start(prompt, with_aux=True)
@@ -185,7 +185,7 @@ def test_the_hybrid_drafts_with_lookup_where_an_ngram_recurs_and_with_the_draft_
     used = Counter()
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         for k in (1, 3):
-            hybrid = HybridProposer(PromptLookupProposer(3, target.device), Eagle3Proposer(tiny["trained"]), 2)
+            hybrid = HybridProposer(PromptLookupProposer(3, target.device), BatchEagle3Proposer(tiny["trained"]), 2)
             _check_trace(speculative_decode(target, hybrid, ids, k, MAX_NEW, stop), greedy, k)
             used.update(hybrid.rounds)
     assert used["prompt_lookup"] > 0 and used["eagle3"] > 0  # both sources drafted rounds
@@ -206,7 +206,7 @@ def test_draft_chain_matches_speculators_training_forward(tiny):
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         reference = draft(hidden_states=aux, input_ids=input_ids, ttt_steps=3)  # draft vocabulary ids
     assert len({tuple(r[0].tolist()) for r in reference}) == 3  # the steps really differ
-    proposer = Eagle3Proposer(draft)
+    proposer = BatchEagle3Proposer(draft)
     for t in [0, 1, 7, 64, 127]:
         with torch.inference_mode():
             start(proposer, input_ids[0, : t + 1], aux[:, : t + 1])
@@ -230,8 +230,8 @@ def test_speculative_decoding_is_lossless(tiny, method, k):
     target, stop = tiny["target"], tiny["stop"]
     proposers = {
         "prompt_lookup": lambda: PromptLookupProposer(3, target.device),
-        "untrained_draft": lambda: Eagle3Proposer(tiny["untrained"]),
-        "trained_draft": lambda: Eagle3Proposer(tiny["trained"]),
+        "untrained_draft": lambda: BatchEagle3Proposer(tiny["untrained"]),
+        "trained_draft": lambda: BatchEagle3Proposer(tiny["trained"]),
     }
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert greedy.target_forwards == len(greedy.tokens) and greedy.proposed == [0] * (len(greedy.tokens) - 1)
@@ -248,8 +248,8 @@ def test_a_target_without_full_attention_sdpa_decodes_in_the_reference_loops_ali
     stop = tiny["stop"]
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         assert greedy_decode(dynamic, ids, MAX_NEW, stop).tokens == greedy.tokens
-        sdpa = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
-        other = speculative_decode(dynamic, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        sdpa = speculative_decode(tiny["target"], BatchEagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        other = speculative_decode(dynamic, BatchEagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
         assert other.tokens == greedy.tokens and other.accepted == sdpa.accepted
     with pytest.raises(ValueError, match="the engine needs a full-attention SDPA target"):
         BatchTarget(dynamic)
@@ -302,7 +302,7 @@ def test_steps_that_read_part_of_the_cache_decode_as_the_reference_does(tiny):
         greedy = one(target, NoDrafts(), ids, stop)
         assert greedy.tokens == greedy_decode(tiny["target"], ids, MAX_NEW, stop).tokens
         a = one(target, proposer, ids, stop)
-        b = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        b = speculative_decode(tiny["target"], BatchEagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
         assert (a.tokens, a.accepted) == (b.tokens, b.accepted) and a.tokens == greedy.tokens
         assert len(greedy.tokens) == MAX_NEW  # the first decode crossed into the second span
     spans = {key[-1] for key in target.buffers.graphs.steps if key[0] != "prefill"}
@@ -349,7 +349,7 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     hybrid = HybridProposer(lookup, proposer, min_ngram=2)
     for ids, greedy in zip(tiny["prompts"], tiny["greedy"]):
         padded = one(target, proposer, ids, stop)
-        reference = speculative_decode(tiny["target"], Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
+        reference = speculative_decode(tiny["target"], BatchEagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
         assert padded.tokens == greedy.tokens and padded.accepted == reference.accepted  # the same drafts, too
         assert 0 < padded.ttft_seconds < padded.seconds and 0 < padded.tpot_seconds
         assert one(target, lookup, ids, stop).tokens == greedy.tokens
@@ -453,7 +453,7 @@ def test_fewer_draft_kernels_compute_what_the_draft_s_own_modules_do(tiny):
         rounds = []
         for keep_own in (True, False):
             draft = copy.deepcopy(own)
-            proposer = Eagle3Proposer(draft, fewer_kernels=not keep_own)
+            proposer = BatchEagle3Proposer(draft, fewer_kernels=not keep_own)
             assert isinstance(draft.rotary_emb, RotaryTable) != keep_own
             start(proposer, tokens, aux)
             first = proposer.propose([[]], 3)[0]
@@ -466,7 +466,7 @@ def test_training_buys_acceptance(tiny):
     target, stop = tiny["target"], tiny["stop"]
     accepted = {}
     for name in ("untrained", "trained"):
-        traces = [speculative_decode(target, Eagle3Proposer(tiny[name]), ids, 3, MAX_NEW, stop)
+        traces = [speculative_decode(target, BatchEagle3Proposer(tiny[name]), ids, 3, MAX_NEW, stop)
                   for ids in tiny["prompts"]]
         accepted[name] = sum(sum(t.accepted) for t in traces) / sum(len(t.proposed) for t in traces)
     assert accepted["trained"] > max(0.5, 2 * accepted["untrained"]), accepted
@@ -481,7 +481,7 @@ def test_generation_stops_at_eos_and_at_max_new_tokens(tiny):
     first = next(i for i, t in enumerate(long.tokens) if t in stop)
     for trace in (greedy_decode(target, ids, MAX_NEW, stop),
                   speculative_decode(target, PromptLookupProposer(3, target.device), ids, 3, MAX_NEW, stop),
-                  speculative_decode(target, Eagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)):
+                  speculative_decode(target, BatchEagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)):
         assert trace.tokens == long.tokens[: first + 1]
     assert tokenizer.eos_token_id in tiny["stop"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from draftsmith.benchmark.results import BASELINE
 from draftsmith.decoding.engine import serve
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, NoDrafts, PromptLookupProposer
-from draftsmith.decoding.reference import Eagle3Proposer, greedy_decode, speculative_decode
+from draftsmith.decoding.reference import greedy_decode, speculative_decode
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,8 @@ def _eagle3(method: str):
     def build(s: ProposerSettings, built: dict):
         if method not in s.drafts:
             raise ValueError(f"benchmark method {method} needs its draft model, which was not loaded")
-        if not s.batched:
-            return Eagle3Proposer(s.drafts[method])
-        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs)
+        # the reference loop's prompts come unpadded, each length a new shape: graphs for the engine's alone
+        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs and s.batched)
 
     return build
 

@@ -1,9 +1,14 @@
-"""The proposers of the engine (draftsmith.decoding.engine.serve) and of the reference loop (one row; its EAGLE-3
-proposer over transformers' cache is draftsmith.decoding.reference's Eagle3Proposer), for N rows in flight:
+"""The proposers of the engine (draftsmith.decoding.engine.serve) and of the reference loop (one row, run eagerly), for
+N rows in flight:
 `begin(rows, length)` (no request yet), `prefill(rows, prompts, first)` (the rows that take new requests: the target's
 `AdmittedPrompts` and first tokens), `propose(contexts, k)` (per row up to k drafts, [B, m] padded, and each row's
-count) and `accept(next_tokens, aux, counts)` (what the target verified, per row). A new draft method is one such
-class and one entry in draftsmith.benchmark.methods.
+count) and `accept(next_tokens, aux, counts)` (what the target verified, per row): `Proposer`. A new draft method is
+one Proposer subclass and one entry in draftsmith.benchmark.methods.
+
+EAGLE-3 conventions (speculators 0.3.0, `Eagle3DraftModel.forward` after `shift_batch`): draft position t reads
+`cat(embed(x[t+1]), fc(cat(aux states at t)))` at position id t+1 and predicts x[t+2]; each further chain step feeds
+the embedding of the token just drafted with the draft's own last-layer output (before `norm`) at the next position
+id, attending to the verified context and to its own chain. Draft token d maps to target token d + d2t[d].
 
 EAGLE-3 cache: the draft's cache rows use the target's slot layout (draft slot s holds the draft's state for the
 target's position at slot s, at position id s - start + 1, EAGLE-3's shift), so the row's start and mask carry
@@ -20,16 +25,16 @@ import functools
 import torch
 
 from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
-from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels, use_sdpa
+from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels as use_fewer_kernels, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.ngrams import ContextNgrams
 
 
-class NoDrafts:
-    """Target-only decoding: no drafts. `serve` then decodes each round on the device alone (`BatchTarget.decode`:
-    greedy or sampled, one step a round or several); the reference loop verifies its one-token rounds."""
+class Proposer:
+    """The interface (see the module's docstring), with nothing to keep between rounds: a proposer that keeps no state
+    on the device overrides `propose` alone."""
 
-    needs_aux = False
+    needs_aux = False  # whether `accept` needs the target's auxiliary states (EAGLE-3's inputs)
 
     def begin(self, rows: int, length: int) -> None:
         pass
@@ -38,28 +43,28 @@ class NoDrafts:
         pass
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
-        return torch.zeros((len(contexts), 0), dtype=torch.long), [0] * len(contexts)
+        raise NotImplementedError
 
     def accept(self, next_tokens, aux, counts) -> None:
         pass
 
 
-class PromptLookupProposer:
-    """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
+class NoDrafts(Proposer):
+    """Target-only decoding: no drafts. `serve` then decodes each round on the device alone (`BatchTarget.decode`:
+    greedy or sampled, one step a round or several); the reference loop verifies its one-token rounds."""
 
-    needs_aux = False
+    def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
+        return torch.zeros((len(contexts), 0), dtype=torch.long), [0] * len(contexts)
+
+
+class PromptLookupProposer(Proposer):
+    """Prompt-lookup (n-gram) drafts per row, from the row's prompt and its text so far."""
 
     def __init__(self, max_ngram: int, device: torch.device):
         if max_ngram < 1:
             raise ValueError(f"prompt_lookup_ngram must be >= 1, got {max_ngram}")
         self.max_ngram, self.device = max_ngram, device
         self.ngrams = ContextNgrams(max_ngram)
-
-    def begin(self, rows: int, length: int) -> None:
-        pass
-
-    def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
-        pass
 
     def propose(self, contexts: list[list[int]], k: int) -> tuple[torch.Tensor, list[int]]:
         """Drafts [B, m] (m: the most any row found; shorter rows padded with 0) and each row's own count."""
@@ -68,22 +73,22 @@ class PromptLookupProposer:
         drafts = torch.tensor([f + [0] * (m - len(f)) for f in found], dtype=torch.long, device=self.device)
         return drafts.view(len(found), m), [len(f) for f in found]
 
-    def accept(self, next_tokens, aux, counts) -> None:
-        pass
 
-
-class BatchEagle3Proposer:
-    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (reference.Eagle3Proposer, batched).
+class BatchEagle3Proposer(Proposer):
+    """Chain drafts of a speculators Eagle3DraftModel for B rows at once (the reference loop's too, at one row).
 
     Per row: `lengths` of its buffers, the next free slot of its draft cache (one entry per verified position); the
     pending inputs of the next round (the newly verified tokens and the target's states before them) and how many
-    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs`."""
+    are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs`. `fewer_kernels`: the
+    draft's norms fused and its rotary embedding a table (draftsmith.decoding.draft_kernels; off: its modules as
+    built)."""
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False):
+    def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True):
         use_sdpa(draft)
-        fewer_kernels(draft)
+        if fewer_kernels:
+            use_fewer_kernels(draft)
         self.draft = draft
         self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
 
@@ -196,12 +201,12 @@ class BatchEagle3Proposer:
         self.rows.clear()
 
 
-class HybridProposer:
+class HybridProposer(Proposer):
     """Prompt lookup's drafts (a PromptLookupProposer's) in the rows whose context's last `min_ngram` or more tokens
-    recur (n-grams of up to the lookup's max_ngram), the EAGLE-3 draft's in the others (a BatchEagle3Proposer, or the
-    reference's Eagle3Proposer at batch 1). The draft's round runs for every row either way: it feeds the draft the
-    newly verified positions, so its cache stays current whichever drafts the target verified; at batch 1 a round that
-    takes lookup's drafts skips the draft's chain. `rounds` counts the row-rounds each source drafted."""
+    recur (n-grams of up to the lookup's max_ngram), the EAGLE-3 draft's (a BatchEagle3Proposer's) in the others. The
+    draft's round runs for every row either way: it feeds the draft the newly verified positions, so its cache stays
+    current whichever drafts the target verified; at batch 1 a round that takes lookup's drafts skips the draft's
+    chain. `rounds` counts the row-rounds each source drafted."""
 
     needs_aux = True
 

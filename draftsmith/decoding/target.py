@@ -12,12 +12,6 @@ from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
 from draftsmith.target_model.layers import find_decoder
 
 
-def causal_mask(past: int, q: int, device) -> torch.Tensor:
-    """Boolean SDPA mask [1, 1, q, past + q] for q new positions after `past` cached ones (True = attend)."""
-    keys = torch.arange(past + q, device=device)
-    return (keys[None, :] <= keys[past:, None]).view(1, 1, q, past + q)
-
-
 class TargetModel:
     """A Hugging Face causal LM with hooks on its auxiliary decoder layers (`call` returns their inputs beside the
     logits), decoding one sequence eagerly over transformers' DynamicCache (`start`, `forward`, `rewind`: the
