@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.benchmark.step_costs import kernel_profile, measure_step_costs
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, NoDrafts, PromptLookupProposer
 from draftsmith.decoding.batch_target import AdmittedPrompts, BatchTarget
 from draftsmith.decoding.engine import serve
@@ -396,6 +397,28 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
+def test_cuda_graph_step_costs_name_each_steps_kernels(tiny):
+    """On a GPU the step costs profile each step's kernels: a replayed step runs the same kernels every call, and its
+    most costly are listed by time, within the count."""
+    model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
+    target = BatchTarget(TargetModel(model, AUX), cuda_graphs=True)
+    try:
+        proposer = BatchEagle3Proposer(tiny["trained"].to("cuda"), cuda_graphs=True)
+        costs = measure_step_costs(target, proposer, tiny["prompts"][0], 3)
+        with torch.inference_mode():
+            step = torch.zeros((1, 4), dtype=torch.long, device="cuda")
+            counts = {kernel_profile(lambda: target.forward(step, with_aux=True))["count"] for _ in range(3)}
+    finally:
+        tiny["trained"].to("cpu")
+    assert len(counts) == 1 and counts.pop() > 0
+    for name in ("target_step", "verify_step", "draft_round"):
+        kernels = costs["kernels"][name]
+        assert kernels["count"] > 0 and kernels["us"] > 0 and kernels["top"]
+        assert [k["us"] for k in kernels["top"]] == sorted((k["us"] for k in kernels["top"]), reverse=True)
+        assert sum(k["calls"] for k in kernels["top"]) <= kernels["count"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 @pytest.mark.parametrize("ragged", [False, True])
 def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragged):
     """On a GPU, in float32: the engine as regenerate runs it (`generate`: target-only, its decode steps replayed as
@@ -534,6 +557,7 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
         costs = methods[method]["step_costs"]
         assert costs["draft_step_ms"] > 0 and costs["target_step_ms"] > 0 and costs["verify_step_ms"] > 0
         assert costs["cost_ratio"] == pytest.approx(costs["draft_step_ms"] / costs["target_step_ms"])
+        assert "kernels" not in costs  # the profile of each step's kernels runs on a GPU alone
         assert methods[method]["ideal_speedup"] == pytest.approx(
             methods[method]["acceptance_length"] / (1 + 2 * costs["cost_ratio"]))
         assert methods[method]["round_model_speedup"] == pytest.approx(methods[method]["acceptance_length"] / (

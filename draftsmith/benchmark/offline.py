@@ -309,6 +309,9 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
             log.info("%s: draft step %.2f ms, target step %.2f ms (verification over %d tokens %.2f ms): c = %.3f, "
                      "ideal speedup tau / (1 + k c) = %.2fx", method, costs["draft_step_ms"], costs["target_step_ms"],
                      k + 1, costs["verify_step_ms"], costs["cost_ratio"], stats["ideal_speedup"])
+            for step, kernels in costs.get("kernels", {}).items():  # on a GPU
+                log.info("%s: %s runs %d kernels, %.0f us: %s", method, step, kernels["count"], kernels["us"], ", ".join(
+                    f"{kernel['name'][:60]} x{kernel['calls']} {kernel['us']:.0f} us" for kernel in kernels["top"]))
 
 
 def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,

@@ -7,6 +7,10 @@ speedup: the gap between them is overhead of the loop (host syncs, Python per ro
 verification step's extra width). It is a model, not a strict bound: tau counts each prompt's
 forward, which yields one token, so the speedup after the first token can exceed it.
 Each timed call is synchronised on its own, as the decoding loops see it.
+
+On a GPU each step's kernels are counted too (`kernels`: one call profiled, a graph's replay included; the most
+costly by name): at batch 1 a step of a small model is bound by its kernels' count more than by their arithmetic, so
+where a verification costs more than a target step, its extra kernels are named there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from draftsmith.decoding.engine import serve_length
 from draftsmith.decoding.trace import synchronize
 
 REPEATS = 20
+TOP_KERNELS = 8
 
 
 def median_ms(fn, device, repeats: int = REPEATS) -> float:
@@ -38,11 +43,33 @@ def median_ms(fn, device, repeats: int = REPEATS) -> float:
     return 1000 * statistics.median(times)
 
 
+def kernel_profile(fn, top: int = TOP_KERNELS) -> dict:
+    """The CUDA kernels (and copies) one call of `fn` runs, after a warm-up call: their count and total microseconds,
+    and the `top` names by time with their calls and microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list] = {}
+    for event in kernels:
+        calls_us = by_name.setdefault(event.name, [0, 0.0])
+        calls_us[0] += 1
+        calls_us[1] += event.device_time
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
+    return {"count": len(kernels), "us": sum(us for _, us in by_name.values()),
+            "top": [{"name": name, "calls": calls, "us": us} for name, (calls, us) in ranked]}
+
+
 @torch.inference_mode()
 def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, prompt_ids: list[int], k: int) -> dict:
     """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft step (a draft
     round of k steps / k, one newly verified position per round) after `prompt_ids`, one row of the engine, run as
-    its rounds run them (CUDA graphs where the target and proposer use them)."""
+    its rounds run them (CUDA graphs where the target and proposer use them); on a GPU also each one's kernels (the
+    draft's: a whole round's)."""
     length = serve_length([prompt_ids], REPEATS + 2 + k + 1, k)  # draft rounds each add one verified position
     target.begin(1, length)
     proposer.begin(1, length)
@@ -66,5 +93,9 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
     target_ms = median_ms(target_step, target.device)
     verify_ms = median_ms(verify_step, target.device)
     draft_ms = median_ms(draft_round, target.device) / k
-    return {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
-            "cost_ratio": draft_ms / target_ms}
+    costs = {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
+             "cost_ratio": draft_ms / target_ms}
+    if target.device.type == "cuda":
+        costs["kernels"] = {name: kernel_profile(fn) for name, fn in
+                            (("target_step", target_step), ("verify_step", verify_step), ("draft_round", draft_round))}
+    return costs
