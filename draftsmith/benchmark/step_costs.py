@@ -58,7 +58,7 @@ def kernel_profile(fn, top: int = TOP_KERNELS) -> dict:
     for event in kernels:
         calls_us = by_name.setdefault(event.name, [0, 0.0])
         calls_us[0] += 1
-        calls_us[1] += event.device_time
+        calls_us[1] += event.time_range.elapsed_us()
     ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
     return {"count": len(kernels), "us": sum(us for _, us in by_name.values()),
             "top": [{"name": name, "calls": calls, "us": us} for name, (calls, us) in ranked]}
