@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.benchmark.step_costs import kernel_profile, measure_step_costs
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, HybridProposer, NoDrafts, PromptLookupProposer
+from draftsmith.decoding.batch_kv import prefill_layout
 from draftsmith.decoding.batch_target import AdmittedPrompts, BatchTarget
 from draftsmith.decoding.engine import serve
 from draftsmith.decoding.sampling import Sampling
@@ -89,9 +90,9 @@ def train_step0(draft, target: TargetModel, sequences: list[list[int]], steps: i
     draft.train()
     for step in range(steps):
         tokens, aux, labels = data[step % len(data)]
-        n = tokens.shape[1]  # the whole sequence at once, causal, no cache: at position ids one past the slots
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-        hidden = draft_layers(draft, tokens, draft.fc(aux), torch.arange(1, n + 1)[None], torch.arange(n), causal, None)
+        # the whole sequence at once, no cache, laid out as a prompt's prefill (EAGLE-3: position ids one past slots)
+        slots, causal, positions = prefill_layout(torch.zeros(1, dtype=torch.long), tokens.shape[1])
+        hidden = draft_layers(draft, tokens, draft.fc(aux), positions + 1, slots, causal, None)
         loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(hidden))[0], labels, ignore_index=-100)
         opt.zero_grad()
         loss.backward()
