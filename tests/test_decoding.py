@@ -361,13 +361,15 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
-def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny):
-    """On a GPU, in float32: every method with its steps replayed as CUDA graphs gives
-    the same tokens and the same accepted drafts as the same engine run eagerly, at batch 1 and with 3 in flight;
-    captured up front (as the benchmark's warm-up does), one request at a time captures nothing more."""
+@pytest.mark.parametrize("ragged", [False, True])
+def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny, ragged):
+    """On a GPU, in float32: every method with its steps replayed as CUDA graphs (the target's attention SDPA over the
+    span, or the ragged kernel) gives the same tokens and the same accepted drafts as the engine run eagerly over the
+    span, at batch 1 and with 3 in flight; captured up front (as the benchmark's warm-up does), one request at a time
+    captures nothing more."""
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
     runner = TargetModel(model, AUX)
-    eager, graphed = BatchTarget(runner), BatchTarget(runner, cuda_graphs=True)
+    eager, graphed = BatchTarget(runner), BatchTarget(runner, cuda_graphs=True, ragged=ragged)
     drafts = [tiny[name].to("cuda") for name in ("untrained", "trained")]
     stop, prompts = tiny["stop"], tiny["prompts"]
     longest = max(len(ids) for ids in prompts)

@@ -83,7 +83,7 @@ CHANGES = {
     **{f"benchmark.{k}": (v, {"benchmark"}) for k, v in {
         "num_speculative_tokens": 1, "max_new_tokens": 8, "methods": ["target_greedy", "eagle3_draft"],
         "batch_size": 2, "prompt_lookup_ngram": 2, "hybrid_min_ngram": 2, "load_requests_per_row": 2, "cuda_graphs": False,
-        "device": "auto", "dtype": "bfloat16",
+        "attention": "span", "device": "auto", "dtype": "bfloat16",
         "seed": 1}.items()},
     "benchmark.repeats": (3, {"benchmark"}),
     # the sizes measured are the params (draftsmith.config.batch_sizes): null stands for [batch_size] offline, and

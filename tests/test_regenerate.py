@@ -156,7 +156,7 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
     from draftsmith.target_model.spec import TargetSpec
 
     spec = TargetSpec(str(tiny_target))
-    with caplog.at_level(logging.WARNING, logger="draftsmith.generation.hf_backend"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.decoding.ragged_attention"):
         cpu, gpu = HFBackend(spec, {"device": "cpu"}), HFBackend(spec, {"device": "cuda:1"})
     assert not cpu.compile_layers and "compiled_layers" not in cpu.settings
     assert gpu.compile_layers and gpu.settings["compiled_layers"] == "RMSNorm, MLP"
@@ -169,7 +169,7 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
         assert not gpu.ragged and "attention" not in gpu.settings
         assert f"not each row's own slots ({problem})" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="draftsmith.generation.hf_backend"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.decoding.ragged_attention"):
         span = HFBackend(spec, {"device": "cuda:1", "attention": "span"})  # asked for: no warning
     assert not span.ragged and "attention" not in span.settings and not caplog.text
     assert span.settings == {k: v for k, v in gpu.settings.items() if k != "attention"}

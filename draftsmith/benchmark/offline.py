@@ -49,6 +49,7 @@ from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.decoding.batch_target import BatchTarget
 from draftsmith.decoding.engine import serve_length
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+from draftsmith.decoding.ragged_attention import use_ragged
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
 from draftsmith.decoding.target import TargetModel
 from draftsmith.devices import resolve_device, resolve_dtype
@@ -148,8 +149,9 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
     first_ids = render(prompts[0]["messages"])
+    ragged = runner.static and use_ragged(str(cfg.get("attention", "ragged")), device, "benchmark")
     if runner.static:  # the engine, one request at a time
-        engine = BatchTarget(runner, cuda_graphs=graphs)
+        engine = BatchTarget(runner, cuda_graphs=graphs, ragged=ragged)
         decoders = one_at_a_time(method_decoders(methods, engine, proposers, k, max_new_tokens, stop_ids, concurrency=1))
         # buffers sized for the longest prompt (a second turn adds an answer), every step shape captured
         longest = max(len(render([*p["messages"], {"role": "user", "content": p.get("follow_up", "")}])) for p in prompts)
@@ -223,6 +225,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
+        "attention": "ragged" if ragged else ("span" if runner.static else "transformers"),
         "repeats": repeats,
         "timing": "interleaved",
         "versions": package_versions(),
@@ -251,9 +254,10 @@ def prepare_engine(target: BatchTarget, proposers: dict, rows: int, length: int,
         draft.reserve(rows, length)
         draft.capture(rows, k, longest_prompt)
     if target.buffers.graphs.enabled:
-        log.info("%d rows: captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads the "
-                 "first %d or a multiple, as its rows need)", rows, len(target.buffers.graphs.steps),
-                 "+".join(str(len(p.buffers.graphs.steps)) for p in drafts), target.rows.cache.length, SPAN_GRANULE)
+        log.info("%d rows: captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads %s)",
+                 rows, len(target.buffers.graphs.steps), "+".join(str(len(p.buffers.graphs.steps)) for p in drafts),
+                 target.rows.cache.length, "each row's own slots" if target.ragged else
+                 f"the first {SPAN_GRANULE} or a multiple, as its rows need")
 
 
 def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],

@@ -5,7 +5,7 @@ Attention (`grouped_sdpa`, registered with transformers as `draftsmith_grouped_s
 SDPA unrepeated: the query heads that share a KV head become extra query rows of it. transformers' own SDPA path
 copies every KV head to each of its query heads once a mask is given, and at a large batch those copies, not the
 matrix products, are what a decode step's time goes to.
-`ragged_decode` (`draftsmith_ragged_decode`) reads each row's own slots instead (draftsmith.decoding.ragged_attention).
+`ragged` (`draftsmith_ragged`) reads each row's own slots instead (draftsmith.decoding.ragged_attention).
 """
 
 from __future__ import annotations
@@ -35,19 +35,19 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 
-RAGGED_DECODE = "draftsmith_ragged_decode"
+RAGGED = "draftsmith_ragged"
 
 
-def ragged_decode(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """A decode step's attention over each row's own slots (draftsmith.decoding.ragged_attention): `attention_mask`
-    is not a mask but each row's first and last slot, [B, 1, 1, 2] (4-D, so transformers passes it through)."""
-    from draftsmith.decoding.ragged_attention import ragged_decode_attention
+def ragged(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """A step's attention over each row's own slots (draftsmith.decoding.ragged_attention): `attention_mask` is not a
+    mask but each row's first slot and its first query's, [B, 1, 1, 2] (4-D, so transformers passes it through)."""
+    from draftsmith.decoding.ragged_attention import ragged_attention
 
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return ragged_decode_attention(query, key, value, attention_mask.view(-1, 2), scale), None
+    return ragged_attention(query, key, value, attention_mask.view(-1, 2), scale), None
 
 
-AttentionInterface.register(RAGGED_DECODE, ragged_decode)
+AttentionInterface.register(RAGGED, ragged)
 
 
 def attention_configs(model) -> list:

@@ -12,8 +12,8 @@ target step reads the cache's first `span` slots only (`attention_span`: the fur
 SPAN_GRANULE): SDPA with a mask reads every slot it is given, and on one H100 SmolLM2's 4-token verification over 768
 slots cost 0.53 ms more than a one-token step, 0.31 ms more over 256 (docs/BENCHMARKS.md).
 
-The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated), or for target-only decode
-steps with `ragged` the Triton kernel that reads each row's own slots.
+The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated), or for every step but a
+prefill with `ragged` the Triton kernel that reads each row's own slots (no span, no mask: one capture per shape).
 
 CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), so a round's
 step of a shape (rows, tokens, span) is captured once (`capture`, before the timed runs) and replayed. A verification
@@ -35,7 +35,7 @@ import torch
 
 from draftsmith.decoding.batch_kv import (
     GROUPED_SDPA,
-    RAGGED_DECODE,
+    RAGGED,
     BatchKV,
     attention_configs,
     grouped_attention,
@@ -220,12 +220,12 @@ def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int
 
 class BatchTarget:
     """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`.
-    `ragged` decode steps attend to each row's own slots (draftsmith.decoding.ragged_attention, a Triton kernel)
-    rather than every row to the common span, one graph for every step; `compile_sampler` hands a decode step's
-    token choice to torch.compile (fused kernels: each bisection step of the nucleus reads the vocabulary once
-    instead of three times); `capture_prefills` False runs every prefill eagerly at the prompts' own width
-    (regenerate: a refill of many rows of any width, whose shapes a graph each would not pay back). `prefill_limit`:
-    the tokens one prefill forward takes at most (`serve`)."""
+    With `ragged` its decode and verification steps attend to each row's own slots (draftsmith.decoding.
+    ragged_attention, a Triton kernel) rather than every row to the common span: one graph a step shape, not one a
+    span. `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels: each bisection step of
+    the nucleus reads the vocabulary once instead of three times); `capture_prefills` False runs every prefill
+    eagerly at the prompts' own width (regenerate: a refill of many rows of any width, whose shapes a graph each would
+    not pay back). `prefill_limit`: the tokens one prefill forward takes at most (`serve`)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
 
@@ -240,7 +240,7 @@ class BatchTarget:
 
             problem = ragged_attention_available(target.device)
             if problem:
-                raise ValueError(f"ragged decode steps: {problem}")
+                raise ValueError(f"ragged attention: {problem}")
         self.target = target
         self.device = target.device
         self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills)
@@ -337,8 +337,7 @@ class BatchTarget:
         (serve_length), and so does the device's, as a guard."""
         rows = self.rows
         busy = [r for r, on in enumerate(rows.host_active) if on]
-        span = rows.cache.length if self.ragged else attention_span(
-            max((rows.host_lengths[r] for r in busy), default=0) + steps + CapturedStep.WARM_UP_RUNS, rows.cache.length)
+        span = self.span(max((rows.host_lengths[r] for r in busy), default=0) + steps + CapturedStep.WARM_UP_RUNS)
         key = ("decode", rows.cache.rows, sampling, span)
         ran = steps + self.buffers.graphs.first_call_runs(key)
         rows.out[:, 0] = rows.tokens
@@ -358,7 +357,7 @@ class BatchTarget:
         """One token for every row (what a graph captures), attending to the first `span` slots (ragged: each row's
         own); a row without a request (`RowBuffers.release`) stays at slot 0."""
         rows = self.rows
-        logits, _ = self._step(rows.tokens[:, None], 1, False, span, self.ragged)
+        logits, _ = self._step(rows.tokens[:, None], 1, False, span)
         chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
         rows.out.index_copy_(1, rows.step, chosen[:, None])
         rows.step += 1
@@ -385,7 +384,7 @@ class BatchTarget:
         step's outputs are overwritten by its next replay."""
         rows, q = input_ids.shape
         self.rows.check(q, "target's")
-        span = attention_span(max(self.rows.host_lengths) + q, self.rows.cache.length)
+        span = self.span(max(self.rows.host_lengths) + q)
         keep = keep or q
         step = functools.partial(self._step, keep=keep, with_aux=with_aux, span=span)
         if q > self.MAX_GRAPH_WIDTH:
@@ -396,15 +395,20 @@ class BatchTarget:
         """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
         self.rows.advance(counts)
 
-    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int, ragged: bool = False):
+    def span(self, needed: int) -> int:
+        """The cache slots a step reads when the furthest row's sequence fills the first `needed` (`attention_span`;
+        ragged: the whole cache, of which each row reads its own)."""
+        return self.rows.cache.length if self.ragged else attention_span(needed, self.rows.cache.length)
+
+    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
         """`input_ids` [B, q] at each row's next slots, attending to the first `span` slots through the rows' masks,
-        or (`ragged`, one token a row) the Triton kernel over each row's own slots, its first and last passed for a
+        or (`ragged`) the Triton kernel over each row's own slots, its first slot and the first query's passed for a
         mask."""
         rows = self.rows
         slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
-        if ragged:  # a row that does not decode reads its one slot
+        if self.ragged:  # a row that does not decode reads its own slots alone
             first = torch.where(rows.active, rows.starts, rows.lengths)
-            mask, attention = torch.stack((first, rows.lengths), -1)[:, None, None, :], RAGGED_DECODE
+            mask, attention = torch.stack((first, rows.lengths), -1)[:, None, None, :], RAGGED
         else:
             mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
         with rows.cache.writing(write_slots=slots, span=span) as cache, grouped_attention(self._attention, attention):
@@ -423,7 +427,7 @@ class BatchTarget:
         aux = {False, bool(self.target.aux_layer_ids)}
         everyone, length = list(range(rows)), self.rows.cache.length
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
-        for span in range(SPAN_GRANULE, length + SPAN_GRANULE, SPAN_GRANULE):
+        for span in sorted({self.span(n) for n in range(SPAN_GRANULE, length + SPAN_GRANULE, SPAN_GRANULE)}):
             for q in range(1, k + 2):
                 self.rows.admit(everyone, zeros, min(span, length) - q)  # the furthest row's need: the span's last q
                 for with_aux in aux:

@@ -24,7 +24,7 @@ from transformers import LogitsProcessor
 
 from draftsmith.decoding.batch_target import BatchTarget
 from draftsmith.decoding.engine import generate
-from draftsmith.decoding.ragged_attention import ragged_attention_available
+from draftsmith.decoding.ragged_attention import use_ragged
 from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.static_cache import full_attention_sdpa
 from draftsmith.decoding.target import TargetModel
@@ -97,17 +97,9 @@ class HFBackend:
         # and its decode steps attend to each row's own slots (`attention: ragged`, a Triton kernel: 111.7k vs 49.2k
         # new tokens/s side by side on one H100 at batch 2048), another rounding of the attention; without Triton, or
         # with `attention: span`, SDPA over the busy rows' common span
-        attention = str(cfg.get("attention", "ragged"))
-        if attention not in ("ragged", "span"):
-            raise ValueError(f"regenerate.attention must be ragged or span, got {attention!r}")
-        self.ragged = False
-        if self.device.startswith("cuda") and attention == "ragged":
-            problem = ragged_attention_available(torch.device(self.device))
-            self.ragged = problem is None
-            if self.ragged:
-                self.settings["attention"] = "ragged decode (Triton)"
-            else:
-                log.warning("regenerate: decode attention over the common span, not each row's own slots (%s)", problem)
+        self.ragged = use_ragged(str(cfg.get("attention", "ragged")), torch.device(self.device), "regenerate")
+        if self.ragged:
+            self.settings["attention"] = "ragged decode (Triton)"
 
     def prompt_limit(self, lengths: list[int], max_new_tokens: int) -> int | None:
         """No limit of its own: transformers generates past any length (seq_length is the driver's check)."""

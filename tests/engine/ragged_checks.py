@@ -20,20 +20,23 @@ def reference(query, key, value, bounds, scale):
     return torch.stack(out).transpose(1, 2)
 
 
-def kernel_against_sdpa(heads: int, kv_heads: int, dim: int) -> None:
-    from draftsmith.decoding.ragged_attention import ragged_decode_attention
+def kernel_against_sdpa(heads: int, kv_heads: int, dim: int, queries: int) -> None:
+    from draftsmith.decoding.ragged_attention import ragged_attention
 
     torch.manual_seed(0)
     rows, slots = 6, 200
-    query = torch.randn(rows, 1, heads, dim).transpose(1, 2)  # transformers' layout: a transposed view
+    query = torch.randn(rows, queries, heads, dim).transpose(1, 2)  # transformers' layout: a transposed view
     key, value = torch.randn(rows, kv_heads, slots, dim), torch.randn(rows, kv_heads, slots, dim)
-    # one slot; across a block boundary; one slot at a boundary; to the end; inside one block; from slot 0
-    bounds = torch.tensor([[0, 0], [3, 70], [64, 64], [10, slots - 1], [130, 150], [0, 127]])
-    got = ragged_decode_attention(query, key, value, bounds, dim ** -0.5)
-    assert got.shape == (rows, 1, heads, dim), got.shape
-    diff = (got - reference(query, key, value, bounds, dim ** -0.5)).abs().max().item()
+    # the first query's slot: one slot; across a block boundary; one slot at a boundary; to the end; inside one
+    # block; from slot 0 (a verification's later tokens run on past it, into the next block for some)
+    bounds = torch.tensor([[0, 0], [3, 70], [64, 64], [10, slots - queries], [130, 150], [0, 127]])
+    got = ragged_attention(query, key, value, bounds, dim ** -0.5)
+    assert got.shape == (rows, queries, heads, dim), got.shape
+    want = torch.cat([reference(query[:, :, j: j + 1], key, value, bounds + torch.tensor([0, j]), dim ** -0.5)
+                      for j in range(queries)], dim=1)  # token j sees up to its own slot, first query's + j
+    diff = (got - want).abs().max().item()
     assert diff < 1e-5, diff
-    print(f"max |kernel - sdpa| {diff:.2e}")
+    print(f"max |kernel - sdpa| {diff:.2e} over {queries} query token(s) a row")
 
 
 def decoder_against_span(target_dir: str) -> None:
@@ -59,6 +62,38 @@ def decoder_against_span(target_dir: str) -> None:
     assert generate(BatchTarget(TargetModel(model), ragged=True), prompts, 16, stops, 4, sampling, seeds) == \
         generate(BatchTarget(TargetModel(model)), prompts, 16, stops, 4, sampling, seeds)
     print(f"{len(prompts)} prompts: ragged answers equal the span path's, greedy and sampled")
+
+
+def verification_against_span(target_dir: str) -> None:
+    """Speculative decoding with ragged verifications (k + 1 tokens a row, the draft's auxiliary states too) gives the
+    span path's tokens, drafts and acceptances, at one row and with rows refilled."""
+    from test_batch_decoding import QUESTIONS, rendered
+    from transformers import AutoTokenizer
+
+    from draftsmith.decoding.batch_target import BatchTarget
+    from draftsmith.decoding.engine import serve
+    from draftsmith.decoding.engine_proposers import BatchEagle3Proposer, PromptLookupProposer
+    from draftsmith.decoding.target import TargetModel
+    from draftsmith.draft_model import build_draft
+    from draftsmith.target_model.spec import TargetSpec, stop_token_ids
+
+    spec = TargetSpec(target_dir)
+    model = spec.load_causal_lm(torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    stops = stop_token_ids(tokenizer, model)
+    prompts = rendered(tokenizer, QUESTIONS)
+    vocab = model.config.vocab_size
+    aux = [0, 1, model.config.num_hidden_layers - 1]
+    draft = build_draft(spec, torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool), 1, aux).eval()
+    for concurrency in (1, 3):
+        for name, proposer in (("EAGLE-3", lambda: BatchEagle3Proposer(draft)),
+                               ("prompt lookup", lambda: PromptLookupProposer(2, model.device))):
+            runs = [serve(BatchTarget(TargetModel(model, aux), ragged=ragged), proposer(), prompts, concurrency, 3, 16,
+                          stops) for ragged in (True, False)]
+            got, want = ([(t.tokens, t.proposed, t.accepted) for t in traces] for traces in runs)
+            assert got == want, (name, concurrency)
+            assert any(p for _, proposed, _ in got for p in proposed), name  # some rounds verified drafts
+    print(f"{len(prompts)} prompts: ragged verifications equal the span path's at 1 and 3 in flight")
 
 
 if __name__ == "__main__":

