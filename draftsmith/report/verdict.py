@@ -270,8 +270,8 @@ def verdict_lines(summaries: dict, methods: pd.DataFrame, predicted: pd.DataFram
 
 
 # what a draft is worth on a real model, measured (README.md, "What it gets on a real model"; docs/BENCHMARKS.md)
-GPU_RESULT = ("SmolLM2-135M-Instruct's draft trained on 11M tokens accepts 2.04 tokens per target forward and runs at "
-              "1.50× target-only greedy on one H100")
+GPU_RESULT = ("SmolLM2-135M-Instruct's draft trained on 11M tokens accepts 2.03 tokens per target forward and runs at "
+              "1.54× target-only greedy on one H100")
 
 
 def cpu_demo_note(summaries: dict, config: dict) -> str | None:
