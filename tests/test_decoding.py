@@ -551,6 +551,8 @@ def test_offline_benchmark_writes_every_method_and_checks_losslessness(tiny):
         assert summary["methods"][method]["lossless"] is True
         assert summary["methods"][method]["mismatched_prompts"] == [] and summary["methods"][method]["divergences"] == {}
     assert set(summary["methods"]) == {"target_greedy", "prompt_lookup", "untrained_draft", "eagle3_draft", "hybrid"}
+    # the target's norms fused for every method alike (2 a layer and the final one), and every method still lossless
+    assert summary["target_norms_fused"] == 2 * TARGET_CFG["num_layers"] + 1
     drafted_by = summary["methods"]["hybrid"]["rounds_drafted_by"]  # the warm-up's and every timed run's rounds
     assert set(drafted_by) == {"prompt_lookup", "eagle3"} and sum(drafted_by.values()) > 0
     assert summary["methods"]["target_greedy"]["acceptance_length"] == 1.0

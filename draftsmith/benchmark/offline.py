@@ -48,6 +48,7 @@ from draftsmith.benchmark.step_costs import measure_step_costs
 from draftsmith.config.batch_sizes import batch_sizes
 from draftsmith.decoding.batch_target import BatchTarget
 from draftsmith.decoding.engine import serve_length
+from draftsmith.decoding.draft_kernels import fuse_rms_norms
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.ragged_attention import use_ragged
 from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
@@ -125,6 +126,10 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     tokenizer = target.load_tokenizer()
     log.info("loading target %s (%s, %s)", target.model, device, dtype)
     model = target.load_causal_lm(dtype).to(device).eval()
+    # the target's RMSNorms as one fused kernel each (draftsmith.decoding.draft_kernels), in the baseline and every
+    # method alike: a small model's step is its kernel count, and on one H100 they were a third of SmolLM2's (about
+    # eight kernels a norm, 61 norms); a verification's norms also leave PyTorch's vectorized path (docs/BENCHMARKS.md)
+    fused_norms = fuse_rms_norms(model)
     log.info("loading draft %s", draft_dir)
     trained = load_draft(draft_dir, device, dtype)
     aux_layer_ids = draft_aux_layer_ids(trained, text_config(model.config).num_hidden_layers)
@@ -225,6 +230,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
+        "target_norms_fused": fused_norms,
         "attention": "ragged" if ragged else ("span" if runner.static else "transformers"),
         "repeats": repeats,
         "timing": "interleaved",

@@ -5,9 +5,9 @@ about eight kernels (upcast, square, mean, add, rsqrt, multiply, downcast, weigh
 EAGLE-3 draft runs twelve of them: about a third of its kernels. PyTorch's `rms_norm` is one fused kernel on CUDA
 (the same arithmetic in float, rounded once instead of twice; its composite elsewhere). The rotary embedding computes
 cos and sin from the position ids in each forward (about ten kernels); a table of every position's, computed once by
-the same module, is two lookups with the same values. Only the draft changes: the target runs its own code in the
-baseline and in verification alike. Here too: the draft's decoder layers as every decoder runs them (`draft_layers`,
-with SDPA and a KV cache: `use_sdpa`).
+the same module, is two lookups with the same values. The offline benchmark fuses its target's RMSNorms too, for the
+baseline and every method alike (draftsmith.benchmark.offline). Here too: the draft's decoder layers as every decoder
+runs them (`draft_layers`, with SDPA and a KV cache: `use_sdpa`).
 """
 
 from __future__ import annotations
