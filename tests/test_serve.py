@@ -201,6 +201,13 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     # requests agreeing (repeatable), tokens/s over all 6 requests' tokens and the run's wall time
     assert {e["per_batch_size"]["2"]["requests"] for e in summary["methods"].values()} == {6}
     assert "requests" not in summary["methods"]["eagle3_draft"]["per_batch_size"]["1"]
+    # each EAGLE-3 draft's step costs with the size's rows at once (batch 1's stay on the method itself)
+    for method in ("eagle3_draft", "untrained_draft"):
+        costs = summary["methods"][method]["per_batch_size"]["2"]["step_costs"]
+        assert costs["verify_step_ms"] > 0 and costs["cost_ratio"] == pytest.approx(
+            costs["draft_step_ms"] / costs["target_step_ms"])
+        assert "step_costs" not in summary["methods"][method]["per_batch_size"]["1"]
+    assert "step_costs" not in summary["methods"]["prompt_lookup"]["per_batch_size"]["2"]
     assert all(e["repeatable"] for e in summary["methods"].values())
     assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["speedup"] == pytest.approx(1.0)
     assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["matches_batch_1"] is True

@@ -208,10 +208,10 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             rendered[prompt["prompt_id"]] = render(prompt["messages"])
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
-    requests = {}  # per size above 1: how many requests the prompts made
+    requests, step_costs = {}, {}  # per size above 1: how many requests the prompts made; step costs at that size
     for size in [s for s in sizes if s > 1]:
-        outputs_by_size[size], requests[size] = time_concurrency(size, methods, rendered, categories, cfg, engine,
-                                                                 settings, stop_ids, rows, unrepeatable, variant)
+        outputs_by_size[size], requests[size], step_costs[size] = time_concurrency(
+            size, methods, rendered, categories, cfg, engine, settings, stop_ids, rows, unrepeatable, variant)
     num_prompts = len(rendered)
 
     lossless, mismatched, divergences, size_extras = compare_outputs(outputs_by_size, methods, sizes, runner, rendered,
@@ -219,6 +219,8 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     for size, count in requests.items():
         for method in methods:
             size_extras[size][method]["requests"] = count
+        for method, costs in step_costs[size].items():
+            size_extras[size][method]["step_costs"] = costs
     meta = {
         "variant": variant,
         "backend": "offline",
@@ -326,13 +328,13 @@ def log_summary(summary: dict, k: int, sizes: list[int]) -> None:
 
 def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int]], categories: dict[str, str], cfg: dict,
                      target: BatchTarget, settings: ProposerSettings, stop_ids: set[int], rows: list[dict],
-                     unrepeatable: dict[str, list[str]], variant: str) -> tuple[dict[str, dict[str, list[int]]], int]:
+                     unrepeatable: dict[str, list[str]], variant: str) -> tuple[dict, int, dict]:
     """Every method on the rendered prompts with `size` requests in flight (draftsmith.decoding.engine.serve:
     a row takes the next prompt as its answer ends), the prompts in as many whole passes as give at least
     `benchmark.load_requests_per_row` requests a row, after an untimed warm-up run of every method; each method
     `repeats` times, interleaved. Appends one row per prompt (its requests' tokens must agree; their latency is the
-    median of them) and the unrepeatable prompts; returns each method's outputs by prompt id, and the number of
-    requests."""
+    median of them) and the unrepeatable prompts; returns each method's outputs by prompt id, the number of requests,
+    and each EAGLE-3 method's step costs with that many rows at once (`measure_step_costs`)."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
     proposers = method_proposers(methods, settings)  # their own: a hybrid counts the rounds of this size
     decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size)
@@ -366,4 +368,10 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
                           "run or request", method, pid, size)
     log.info("concurrency %d: median seconds of the whole run %s", size,
              ", ".join(f"{m} {sum(statistics.median(t.seconds) for t in ts):.3f}" for m, ts in timed.items()))
-    return outputs, len(requests)
+    costs = {m: measure_step_costs(target, p, batch[0], k, in_flight) for m, p in proposers.items()
+             if isinstance(p, BatchEagle3Proposer)}
+    for method, c in costs.items():
+        log.info("concurrency %d, %s: %d rows at once: target step %.2f ms, verification over %d tokens a row %.2f ms, "
+                 "draft step %.2f ms", size, method, in_flight, c["target_step_ms"], k + 1, c["verify_step_ms"],
+                 c["draft_step_ms"])
+    return outputs, len(requests), costs

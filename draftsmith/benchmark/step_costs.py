@@ -1,4 +1,4 @@
-"""What one draft step costs next to one target step, at batch 1: the cost ratio c.
+"""What one draft step costs next to one target step, at batch 1 (and with N rows at once): the cost ratio c.
 
 With acceptance length tau and k draft steps per round, the cost model tau / (1 + k * c) says how
 many times as fast as target-only decoding speculative decoding runs when a round costs only k
@@ -65,17 +65,19 @@ def kernel_profile(fn, top: int = TOP_KERNELS) -> dict:
 
 
 @torch.inference_mode()
-def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, prompt_ids: list[int], k: int) -> dict:
+def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, prompt_ids: list[int], k: int,
+                       rows: int = 1) -> dict:
     """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft step (a draft
-    round of k steps / k, one newly verified position per round) after `prompt_ids`, one row of the engine, run as
-    its rounds run them (CUDA graphs where the target and proposer use them); on a GPU also each one's kernels (the
-    draft's: a whole round's)."""
+    round of k steps / k, one newly verified position per round) after `prompt_ids`, in `rows` rows of the engine
+    at once (each holding the prompt), run as its rounds run them (CUDA graphs where the target and proposer use
+    them); on a GPU also each one's kernels (the draft's: a whole round's)."""
     length = serve_length([prompt_ids], REPEATS + 2 + k + 1, k)  # draft rounds each add one verified position
-    target.begin(1, length)
-    proposer.begin(1, length)
-    prompts, logits = target.prefill([0], [prompt_ids], with_aux=True)
+    target.begin(rows, length)
+    proposer.begin(rows, length)
+    everyone = list(range(rows))
+    prompts, logits = target.prefill(everyone, [prompt_ids] * rows, with_aux=True)
     token = logits.argmax(-1)
-    proposer.prefill([0], prompts, token)
+    proposer.prefill(everyone, prompts, token)
     aux_last = prompts.aux[:, prompts.last : prompts.last + 1].clone()  # the target's outputs are rewritten by its steps
 
     def target_step():  # the engine's forward writes at the row's next slot and leaves it there: every call alike
@@ -87,7 +89,7 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
     proposer.propose([], k)  # consumes the prompt's last position; each round below adds one
 
     def draft_round():
-        proposer.accept(token[:, None], aux_last, [1])
+        proposer.accept(token[:, None], aux_last, [1] * rows)
         proposer.propose([], k)[0].tolist()
 
     target_ms = median_ms(target_step, target.device)
