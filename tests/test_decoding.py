@@ -363,10 +363,10 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 @pytest.mark.parametrize("ragged", [False, True])
 def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny, ragged):
-    """On a GPU, in float32: every method with its steps replayed as CUDA graphs (the target's attention SDPA over the
-    span, or the ragged kernel) gives the same tokens and the same accepted drafts as the engine run eagerly over the
-    span, at batch 1 and with 3 in flight; captured up front (as the benchmark's warm-up does), one request at a time
-    captures nothing more."""
+    """On a GPU, in float32: every method with its steps replayed as CUDA graphs (the target's and the draft's
+    attention SDPA through masks, or the ragged kernel) gives the same tokens and the same accepted drafts as the
+    engine run eagerly through masks, at batch 1 and with 3 in flight; captured up front (as the benchmark's warm-up
+    does), one request at a time captures nothing more."""
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()
     runner = TargetModel(model, AUX)
     eager, graphed = BatchTarget(runner), BatchTarget(runner, cuda_graphs=True, ragged=ragged)
@@ -380,7 +380,7 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny, ragged):
         methods = [(NoDrafts(), NoDrafts()),
                    (PromptLookupProposer(3, eager.device), PromptLookupProposer(3, graphed.device))]
         for draft in drafts:
-            replayed = BatchEagle3Proposer(draft, cuda_graphs=True)
+            replayed = BatchEagle3Proposer(draft, cuda_graphs=True, ragged=ragged)
             replayed.reserve(concurrency, 1024)
             replayed.capture(concurrency, 3, longest)
             methods.append((BatchEagle3Proposer(draft), replayed))

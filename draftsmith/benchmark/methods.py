@@ -26,6 +26,7 @@ class ProposerSettings:
     hybrid_min_ngram: int | None = None
     batched: bool = False
     cuda_graphs: bool = False
+    ragged: bool = False  # the engine's attention over each row's own slots (the target's and the draft's alike)
 
 
 def _lookup(s: ProposerSettings, built: dict):
@@ -37,7 +38,7 @@ def _eagle3(method: str):
         if method not in s.drafts:
             raise ValueError(f"benchmark method {method} needs its draft model, which was not loaded")
         # the reference loop's prompts come unpadded, each length a new shape: graphs for the engine's alone
-        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs and s.batched)
+        return BatchEagle3Proposer(s.drafts[method], cuda_graphs=s.cuda_graphs and s.batched, ragged=s.ragged and s.batched)
 
     return build
 

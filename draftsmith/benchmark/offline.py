@@ -145,16 +145,16 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     stop_ids = stop_token_ids(tokenizer, model)
     ngram = int(cfg["prompt_lookup_ngram"])
 
+    ragged = runner.static and use_ragged(str(cfg.get("attention", "ragged")), device, "benchmark")
     settings = ProposerSettings(device, ngram, {"eagle3_draft": trained, **(
         {"untrained_draft": untrained} if "untrained_draft" in methods else {})}, cfg.get("hybrid_min_ngram"),
-        batched=runner.static, cuda_graphs=graphs)
+        batched=runner.static, cuda_graphs=graphs, ragged=ragged)
     proposers = method_proposers(methods, settings)
 
     def render(messages):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
     first_ids = render(prompts[0]["messages"])
-    ragged = runner.static and use_ragged(str(cfg.get("attention", "ragged")), device, "benchmark")
     if runner.static:  # the engine, one request at a time
         engine = BatchTarget(runner, cuda_graphs=graphs, ragged=ragged)
         decoders = one_at_a_time(method_decoders(methods, engine, proposers, k, max_new_tokens, stop_ids, concurrency=1))

@@ -24,7 +24,14 @@ import functools
 
 import torch
 
-from draftsmith.decoding.batch_kv import on_device, prefill_layout, row_mask
+from draftsmith.decoding.batch_kv import (
+    RAGGED,
+    attention_configs,
+    grouped_attention,
+    on_device,
+    prefill_layout,
+    row_mask,
+)
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels as use_fewer_kernels, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.ngrams import ContextNgrams
@@ -81,16 +88,18 @@ class BatchEagle3Proposer(Proposer):
     pending inputs of the next round (the newly verified tokens and the target's states before them) and how many
     are real. A round after a verification (k + 1 inputs a row) is one replay with `cuda_graphs`. `fewer_kernels`: the
     draft's norms fused and its rotary embedding a table (draftsmith.decoding.draft_kernels; off: its modules as
-    built)."""
+    built). `ragged`: the round's attention reads each row's own slots (the target's ragged kernel,
+    draftsmith.decoding.ragged_attention) rather than the whole cache through a mask."""
 
     needs_aux = True
 
-    def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True):
+    def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True, ragged: bool = False):
         use_sdpa(draft)
         if fewer_kernels:
             use_fewer_kernels(draft)
-        self.draft = draft
+        self.draft, self.ragged = draft, ragged
         self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
+        self._attention = attention_configs(draft)
 
     def reserve(self, rows: int, length: int) -> None:
         """Buffers for `rows` rows of at least `length` slots (see BatchTarget.reserve)."""
@@ -136,10 +145,17 @@ class BatchEagle3Proposer(Proposer):
             return draft_layers(self.draft, tokens, self.draft.fc(aux), positions + 1, slots, mask, cache)
 
     def _layers(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The draft's layers on a round's inputs at each row's consecutive `slots` [B, n], each attending to its row's
+        slots from its start up to its own."""
         rows = self.rows
+        positions = (slots - rows.starts[:, None]).clamp(min=0) + 1
         with rows.cache.writing(write_slots=slots) as cache:
-            return draft_layers(self.draft, tokens, hidden, (slots - rows.starts[:, None]).clamp(min=0) + 1, slots[0],
-                                row_mask(slots, rows.starts, cache.length), cache)
+            if not self.ragged:
+                return draft_layers(self.draft, tokens, hidden, positions, slots[0],
+                                    row_mask(slots, rows.starts, cache.length), cache)
+            bounds = torch.stack((rows.starts, slots[:, 0]), -1)[:, None, None, :]
+            with grouped_attention(self._attention, RAGGED):
+                return draft_layers(self.draft, tokens, hidden, positions, slots[0], bounds, cache)
 
     def propose(self, contexts, k: int, chain: int | None = None) -> tuple[torch.Tensor, list[int]]:
         """A chain of `chain` (default k) drafts per row [B, chain] (target vocabulary), and that count for every row; a

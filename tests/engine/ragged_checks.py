@@ -65,8 +65,9 @@ def decoder_against_span(target_dir: str) -> None:
 
 
 def verification_against_span(target_dir: str) -> None:
-    """Speculative decoding with ragged verifications (k + 1 tokens a row, the draft's auxiliary states too) gives the
-    span path's tokens, drafts and acceptances, at one row and with rows refilled."""
+    """Speculative decoding with ragged verifications (k + 1 tokens a row, the draft's auxiliary states too) and, for
+    EAGLE-3, the draft's rounds through the ragged kernel too, gives the SDPA path's tokens, drafts and acceptances,
+    at one row and with rows refilled."""
     from test_batch_decoding import QUESTIONS, rendered
     from transformers import AutoTokenizer
 
@@ -86,10 +87,10 @@ def verification_against_span(target_dir: str) -> None:
     aux = [0, 1, model.config.num_hidden_layers - 1]
     draft = build_draft(spec, torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool), 1, aux).eval()
     for concurrency in (1, 3):
-        for name, proposer in (("EAGLE-3", lambda: BatchEagle3Proposer(draft)),
-                               ("prompt lookup", lambda: PromptLookupProposer(2, model.device))):
-            runs = [serve(BatchTarget(TargetModel(model, aux), ragged=ragged), proposer(), prompts, concurrency, 3, 16,
-                          stops) for ragged in (True, False)]
+        for name, proposer in (("EAGLE-3", lambda ragged: BatchEagle3Proposer(draft, ragged=ragged)),
+                               ("prompt lookup", lambda ragged: PromptLookupProposer(2, model.device))):
+            runs = [serve(BatchTarget(TargetModel(model, aux), ragged=ragged), proposer(ragged), prompts, concurrency, 3,
+                          16, stops) for ragged in (True, False)]
             got, want = ([(t.tokens, t.proposed, t.accepted) for t in traces] for traces in runs)
             assert got == want, (name, concurrency)
             assert any(p for _, proposed, _ in got for p in proposed), name  # some rounds verified drafts
