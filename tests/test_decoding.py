@@ -399,6 +399,16 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny, ragged):
         tiny[name].to("cpu")
 
 
+def test_step_costs_time_rows_admitted_as_serve_admits_them(tiny):
+    """The step costs with N rows at once: every row holds the prompt and decodes (as `serve` admits a request: a
+    ragged step reads a row's slots from its start only while the row decodes), and every time is measured."""
+    target = BatchTarget(TargetModel(tiny["target"].model, AUX))
+    costs = measure_step_costs(target, BatchEagle3Proposer(tiny["trained"]), tiny["prompts"][0], 3, rows=2)
+    assert target.rows.host_active == [True, True] and target.rows.active.tolist() == [True, True]
+    assert target.rows.host_starts == [0, 0]  # one prompt, both rows at the same slots
+    assert min(costs["target_step_ms"], costs["verify_step_ms"], costs["draft_step_ms"]) > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
 def test_cuda_graph_step_costs_name_each_steps_kernels(tiny):
     """On a GPU the step costs profile each step's kernels: a replayed step runs the same kernels every call, and its

@@ -23,6 +23,7 @@ import torch
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.batch_target import BatchTarget
 from draftsmith.decoding.engine import serve_length
+from draftsmith.decoding.sampling import Sampling
 from draftsmith.decoding.trace import synchronize
 
 REPEATS = 20
@@ -76,7 +77,8 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
     proposer.begin(rows, length)
     everyone = list(range(rows))
     prompts, logits = target.prefill(everyone, [prompt_ids] * rows, with_aux=True)
-    token = logits.argmax(-1)
+    # as serve admits a request: its rows then decode (a ragged step reads a row's slots from its start only then)
+    token = target.first_tokens(everyone, logits, Sampling(), [0] * rows)
     proposer.prefill(everyone, prompts, token)
     aux_last = prompts.aux[:, prompts.last : prompts.last + 1].clone()  # the target's outputs are rewritten by its steps
 
