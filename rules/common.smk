@@ -277,6 +277,7 @@ def raw_dataset_spec(dataset):
     """The dataset as prepare_dataset (or regenerate) reads it: files the workflow or a package provides
     become source=local."""
     spec = dict(config["datasets"][dataset])
+    spec.pop("keep_cut_answers", None)  # prepare_dataset's alone (dataset_spec)
     # keys of another source do not change what is read (rule self_prompts reads num_prompts; the prompts it writes
     # are read through their file)
     for key in (
@@ -306,14 +307,20 @@ def regenerated_path(dataset):
 
 
 def dataset_spec(dataset):
-    """What prepare_dataset reads: the target's own answers for a regenerated dataset, else the raw data."""
+    """What prepare_dataset reads: the target's own answers for a regenerated dataset, else the raw data; and
+    keep_cut_answers where it is false (where true, the spec stays as it was before the key existed).
+    """
     if dataset in REGENERATED:
-        return {
+        spec = {
             "source": "local",
             "path": str(regenerated_path(dataset)),
             "max_records": None,
         }
-    return raw_dataset_spec(dataset)
+    else:
+        spec = raw_dataset_spec(dataset)
+    if not config["datasets"][dataset].get("keep_cut_answers", True):
+        spec = canonical({**spec, "keep_cut_answers": False})
+    return spec
 
 
 def local_input(spec):

@@ -129,7 +129,8 @@ def test_user_datasets_and_variants_replace_the_embedded_defaults(tmp_path):
     user.write_text("datasets:\n  chats: {source: local, path: chats.jsonl}\nvariants:\n  wide: {draft_layers: 2}\n")
     (tmp_path / "chats.jsonl").write_text("")
     config = load_config([user])
-    filled = {"subset": None, "split": None, "revision": None, "max_records": None, "regenerate": False}
+    filled = {"subset": None, "split": None, "revision": None, "max_records": None, "regenerate": False,
+              "keep_cut_answers": True}
     assert config["datasets"] == {"chats": {"source": "local", "path": str(tmp_path / "chats.jsonl"), **filled}}
     assert config["variants"] == {"wide": {"draft_layers": 2}}
     assert load_config([])["datasets"] == {"synthetic": {"source": "synthetic", **filled, "regenerate": True},

@@ -7,8 +7,10 @@ changes no output says why. The report shows the whole config, so it re-runs aft
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -50,6 +52,7 @@ CHANGES = {
     **{f"datasets.synthetic.{k}": ("x", set(), "read for source hub only") for k in ("name", "subset", "split", "revision")},
     "datasets.synthetic.num_prompts": (5, set(), "read for source self only"),
     "datasets.synthetic.max_records": (50, {"prepare_dataset"}),
+    "datasets.synthetic.keep_cut_answers": (False, {"prepare_dataset"}),
     "datasets.synthetic.regenerate": (True, {"regenerate", "prepare_dataset"}),
     **{f"regenerate.{k}": (v, set(), "no dataset of this configuration regenerates") for k, v in {
         "max_new_tokens": 8, "batch_size": 2, "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 1, "chunk_size": 2,
@@ -319,6 +322,29 @@ SELF_PROMPTS_CHANGES = {
         "chunk_size": 3, "batch_size": 1, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5,
         "max_model_len": 64}.items()},
 }
+
+
+def test_keeping_only_the_answers_that_end_reruns_prepare_alone(answered_run, tmp_path):
+    """keep_cut_answers is prepare_dataset's filter: a regenerated dataset keeps its answers, and prepare, run on
+    them, skips exactly the answers regenerate cut at max_new_tokens."""
+    from conftest import copy_run
+
+    wrong = wrong_plans(answered_run, "synthetic", {"datasets.synthetic.keep_cut_answers": (False, set())}, tmp_path)
+    assert not wrong, "\n".join(wrong)
+    workdir, answers = answered_run
+    datasets = yaml.safe_load((workdir / "config.yaml").read_text())["datasets"]
+    datasets["synthetic"]["keep_cut_answers"] = False
+    copy = copy_run(workdir, tmp_path / "copy", {"datasets": datasets})
+    rows = [json.loads(line) for line in Path(answers["synthetic"]).read_text().splitlines()]
+    cut = sum(row["finish_reason"] == "length" for row in rows)
+    stats_file = copy / "results" / "prepared" / "synthetic" / "stats.json"
+    done = snakemake(copy, str(stats_file), check=False)
+    assert set(jobs_planned(done)) == {"prepare_dataset"}  # the answers stay
+    if cut < len(rows):  # some answers ended within the 2 new tokens: those are the samples
+        stats = json.loads(stats_file.read_text())
+        assert stats["skipped_by_reason"].get("cut_answer", 0) == cut and stats["records_read"] == len(rows)
+    else:  # every answer cut: no usable record, and the error says why
+        assert done.returncode != 0 and "cut_answer" in done.stdout + done.stderr
 
 
 def test_self_prompts_rerun_exactly_for_the_settings_that_change_the_prompts(answered_run, tmp_path):

@@ -89,6 +89,28 @@ def test_prepare_dataset_counts_kept_and_skipped_records(tokenizer, tmp_path, ca
         assert f"skipped {path}: {skip}" in caplog.text
 
 
+def test_keep_cut_answers_false_skips_the_answers_cut_at_max_new_tokens(tokenizer, tmp_path, caplog):
+    """Regenerated answers (finish_reason stop or length): with keep_cut_answers false the cut ones are skipped as
+    cut_answer, by choice (no warning about bad data, however many), and records without a finish_reason are kept."""
+    reply = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    records = [{"id": f"r{i}", "messages": reply, "finish_reason": reason}
+               for i, reason in enumerate(["length", "stop", "length", "length", "stop"])]
+    records.append({"id": "raw", "messages": reply})
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = {"source": "local", "path": str(path)}
+    kept_all = prepare_dataset(spec, tokenizer, 64, tmp_path / "all.parquet", tmp_path / "all.json", name="d")
+    assert kept_all["records_kept"] == 6 and kept_all["records_skipped"] == 0
+    lines = []
+    with caplog.at_level("WARNING"):
+        stats = prepare_dataset({**spec, "keep_cut_answers": False}, tokenizer, 64, tmp_path / "s.parquet",
+                                tmp_path / "s.json", name="d", console=lines.extend)
+    assert stats["records_kept"] == 3 and stats["skipped_by_reason"] == {"cut_answer": 3}
+    assert read_samples(tmp_path / "s.parquet")["sample_id"] == ["d/r1", "d/r4", "d/raw"]
+    assert lines == ["prepare_dataset d: 3 of 6 records skipped (cut_answer: 3), 3 kept; each skipped record but the "
+                     "cut answers is named in the rule's log"]  # half skipped, as asked: no warning
+
+
 def test_duplicate_record_ids_are_kept_under_unique_sample_ids(tokenizer, tmp_path, caplog):
     reply = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     records = [{"id": "a", "messages": reply}, {"id": "a", "messages": reply}, {"id": "a#2", "messages": reply},

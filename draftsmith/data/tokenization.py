@@ -192,6 +192,7 @@ def _sample_id(name: str, record_id: str, occurrence: int, used: set[str]) -> st
 # More than this share of a dataset's records skipped: the console line says so (a format or template mismatch,
 # rather than a few bad records).
 SKIPPED_WARN_FRACTION = 0.10
+CUT_ANSWER = "cut_answer"  # the skip reason of an answer cut at max_new_tokens, with keep_cut_answers: false
 
 
 def skipped_summary(stats: dict, kept_stats: Path | None = None) -> list[str]:
@@ -200,13 +201,15 @@ def skipped_summary(stats: dict, kept_stats: Path | None = None) -> list[str]:
     skipped, read = stats["records_skipped"], stats["records_read"]
     if not skipped:
         return []
+    chosen = stats["skipped_by_reason"].get(CUT_ANSWER, 0)  # skipped as asked (keep_cut_answers: false), not bad data
     reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats["skipped_by_reason"].items(),
                                                                  key=lambda kv: (-kv[1], kv[0])))
     where = f"; counts in {kept_stats}" if kept_stats else ""
+    named = "each skipped record but the cut answers" if chosen else "each skipped record"
     lines = [f"prepare_dataset {stats['dataset']}: {skipped} of {read} records skipped ({reasons}), "
-             f"{stats['records_kept']} kept{where}; each skipped record is named in the rule's log"]
-    if skipped > SKIPPED_WARN_FRACTION * read:
-        lines.append(f"WARNING: dataset {stats['dataset']!r}: {100 * skipped / read:.0f}% of its records were skipped "
+             f"{stats['records_kept']} kept{where}; {named} is named in the rule's log"]
+    if skipped - chosen > SKIPPED_WARN_FRACTION * read:
+        lines.append(f"WARNING: dataset {stats['dataset']!r}: {100 * (skipped - chosen) / read:.0f}% of its records were skipped "
                      f"(more than {100 * SKIPPED_WARN_FRACTION:.0f}%): check that the data is ShareGPT `conversations` "
                      "or OpenAI `messages` records and that the target's chat template can render them")
     return lines
@@ -229,9 +232,13 @@ def prepare_dataset(spec: dict, tokenizer, seq_length: int, out_path: Path, stat
     first_seen: dict[str, str] = {}
     occurrences: Counter[str] = Counter()
     used: set[str] = set()
+    keep_cut = spec.get("keep_cut_answers", True)
     for raw in tqdm(iter_records(spec), desc=f"prepare {name}", mininterval=5, unit="rec"):
         read += 1
         where = raw.where
+        if not keep_cut and isinstance(raw.data, dict) and raw.data.get("finish_reason") == "length":
+            skipped[CUT_ANSWER] += 1  # as asked: an answer cut at regenerate.max_new_tokens (logged in the summary)
+            continue
         occurrences[raw.record_id] += 1
         duplicate_of = first_seen.get(raw.record_id) if raw.has_own_id else None
         if raw.has_own_id and duplicate_of is None:

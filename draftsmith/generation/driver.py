@@ -322,8 +322,10 @@ def _regenerate(prompts, target: TargetSpec, out_jsonl: Path, backend, show_prog
                  stats["duplicate_answers"])
     if stats["cut_share"] > MOSTLY_CUT:
         log.warning("regenerate: %d of %d answers (%.0f%%) were cut at max_new_tokens=%d (finish_reason length): most "
-                    "training replies end mid-answer; raise regenerate.max_new_tokens", stats["cut_at_max_new_tokens"],
-                    stats["num_answers"], 100 * stats["cut_share"], params["max_new_tokens"])
+                    "training replies end mid-answer; raise regenerate.max_new_tokens, or train on the answers that end "
+                    "(datasets.<name>.keep_cut_answers: false, with regenerate.samples_per_prompt above 1)",
+                    stats["cut_at_max_new_tokens"], stats["num_answers"], 100 * stats["cut_share"],
+                    params["max_new_tokens"])
     if stats["empty_answers"]:
         log.warning("regenerate: the target answered %d of %d prompts with nothing (an end-of-turn token first); "
                     "prepare skips those records as empty_content", stats["empty_answers"], stats["num_answers"])
