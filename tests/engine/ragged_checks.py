@@ -97,6 +97,28 @@ def verification_against_span(target_dir: str) -> None:
     print(f"{len(prompts)} prompts: ragged verifications equal the span path's at 1 and 3 in flight")
 
 
+def step_costs_ragged(target_dir: str) -> None:
+    """The benchmark's step costs through the ragged path (the target's steps and the draft's rounds) at 1 and 3
+    rows: every step runs, and each row decodes from its prompt's start."""
+    from draftsmith.benchmark.step_costs import measure_step_costs
+    from draftsmith.decoding.batch_target import BatchTarget
+    from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+    from draftsmith.decoding.target import TargetModel
+    from draftsmith.draft_model import build_draft
+    from draftsmith.target_model.spec import TargetSpec
+
+    spec = TargetSpec(target_dir)
+    model = spec.load_causal_lm(torch.float32).eval()
+    vocab, aux = model.config.vocab_size, [0, 1, model.config.num_hidden_layers - 1]
+    draft = build_draft(spec, torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool), 1, aux).eval()
+    for rows in (1, 3):
+        target = BatchTarget(TargetModel(model, aux), ragged=True)
+        costs = measure_step_costs(target, BatchEagle3Proposer(draft, ragged=True), [5, 6, 7, 8, 9], 3, rows)
+        assert min(costs["target_step_ms"], costs["verify_step_ms"], costs["draft_step_ms"]) > 0, costs
+        assert target.rows.host_active == [True] * rows
+    print("ragged step costs measured at 1 and 3 rows")
+
+
 if __name__ == "__main__":
     name, *args = sys.argv[1:]
     globals()[name](*[int(a) if a.isdigit() else a for a in args])

@@ -54,6 +54,10 @@ def test_speculative_decoding_with_ragged_verifications_matches_the_span_steps(t
     assert "ragged verifications equal the span path's" in interpreted("verification_against_span", tiny_target)
 
 
+def test_the_step_costs_run_through_the_ragged_target_and_draft(tiny_target):
+    assert "ragged step costs measured at 1 and 3 rows" in interpreted("step_costs_ragged", tiny_target)
+
+
 def test_ragged_steps_where_triton_cannot_run_fail_at_construction(tiny_target, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
