@@ -319,6 +319,9 @@ def swept(*speedups, backend="vllm") -> dict:
 
     sizes = [1, 4, 16, 64][:len(speedups)]
     per_size = {str(s): {"tokens_per_s": 10 * s * x, "speedup": x, "acceptance_length": 2.0} for s, x in zip(sizes, speedups)}
+    for s in sizes[1:]:  # the step costs with that many rows at once (batch 1's are the method's own)
+        per_size[str(s)]["step_costs"] = {"target_step_ms": 3.0 + s, "verify_step_ms": 2 * (3.0 + s), "draft_step_ms": 0.3,
+                                          "cost_ratio": 0.3 / (3.0 + s)}
     greedy = {str(s): {"tokens_per_s": 10 * s, "speedup": 1.0, "acceptance_length": 1.0} for s in sizes}
     s = summary({"target_greedy": {**method(1.0, 1.0, 1.0), "per_batch_size": greedy},
                  "eagle3_draft": {**method(speedups[0], acceptance=2.0), "per_batch_size": per_size,
@@ -347,8 +350,13 @@ def test_the_report_says_where_the_draft_stops_paying(tmp_path, speedups, senten
     assert f"`v` (vllm backend) under load: {sentence}" in lines
     table = load_table(batch)
     assert list(table.columns) == ["variant", "backend", "method", "concurrency", "tokens/s", "speedup", "acceptance length",
-                                   "time to first token p50 (ms)", "time per output token p50 (ms)", "p90 (ms)"]
-    assert list(table[table["method"] == "eagle3_draft"]["speedup"]) == list(speedups)
+                                   "time to first token p50 (ms)", "time per output token p50 (ms)", "p90 (ms)",
+                                   "v = verification / target step", "c = draft step / target step"]
+    drafted = table[table["method"] == "eagle3_draft"]
+    assert list(drafted["speedup"]) == list(speedups)
+    assert list(drafted["v = verification / target step"])[1:] == [2.0] * (len(speedups) - 1)
+    assert list(drafted["c = draft step / target step"])[1:] == [0.3 / (3.0 + s) for s in [4, 16, 64][:len(speedups) - 1]]
+    assert table[table["method"] == "target_greedy"]["v = verification / target step"].isna().all()
     assert table["time per output token p50 (ms)"].isna().all()  # these summaries hold no latency: unknown, not 0
 
 
