@@ -3,7 +3,8 @@
 #   PER_CATEGORY=n (10: all 80 questions); MAX_NEW_TOKENS=n; UNTIL=rule; PIPELINE_TIMEOUT (s, 3000);
 #   EXTRA_CONFIG="file ...": more config files (e.g. config/overlays/smollm2-50k.yaml config/overlays/smollm2-50k-longer.yaml);
 #   TARGETS="file ...": build only those (e.g. the first variant's summary.json, so FP32_CHECK follows it at once);
-#   FP32_CHECK=1: then the first variant's benchmark again in float32 (losslessness), in $OUT/$res-fp32.tgz;
+#   FP32_CHECK=1: then the first variant's benchmark again in float32 (losslessness; under load each prompt once), in
+#   $OUT/$res-fp32.tgz;
 #   THEN_TARGETS="file ...": then these in the run's own config (bf16), in $OUT/$res-then.tgz; THEN_CONFIG="file ...":
 #   more config files for that step alone (e.g. config/overlays/batch-1.yaml: the learning curve's variants at batch 1);
 #   TRAINING_PERF=1: then `python -m perf training_throughput` on the run's shards;
@@ -32,8 +33,10 @@ tar czf "$OUT/$res.tgz" $res/logs $res/benchmarks $res/report $res/benchmark $re
   $(ls $res/shards/*/*/manifest.json 2>/dev/null) || true
 if [ -n "${FP32_CHECK:-}" ] && [ -z "${status:-}" ]; then  # after $res.tgz took the bf16 results, which this replaces
   first=$(python3 -c "import sys; from draftsmith.config.workflow import load_config as c; print(next(iter(c(sys.argv[1:])['variants'])))" $configs)
-  # losslessness, not speed: no prompt lookup (the hybrid has its drafts)
-  printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft, hybrid]\n' > /tmp/fp32-overlay.yaml
+  # losslessness, not speed: no prompt lookup (the hybrid has its drafts), and under load every prompt once (one
+  # pass: 80 requests at 64 in flight instead of the timing's 560; each concurrency still meets every prompt)
+  printf 'benchmark:\n  dtype: float32\n  methods: [target_greedy, eagle3_draft, hybrid]\n  load_requests_per_row: 1\n' \
+    > /tmp/fp32-overlay.yaml
   run_snakemake "$res/benchmark/$first/summary.json" --configfile $configs /tmp/fp32-overlay.yaml \
     > /tmp/snakemake-fp32.log 2>&1 || status=$?
   tail -n 5 /tmp/snakemake-fp32.log
