@@ -236,11 +236,9 @@ class BatchTarget:
         if prefill_limit < 1:
             raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
         if ragged:
-            from draftsmith.decoding.ragged_attention import ragged_attention_available
+            from draftsmith.decoding.ragged_attention import require_ragged
 
-            problem = ragged_attention_available(target.device)
-            if problem:
-                raise ValueError(f"ragged attention: {problem}")
+            require_ragged(target.device)
         self.target = target
         self.device = target.device
         self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills)

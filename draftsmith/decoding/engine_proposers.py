@@ -94,6 +94,10 @@ class BatchEagle3Proposer(Proposer):
     needs_aux = True
 
     def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True, ragged: bool = False):
+        if ragged:
+            from draftsmith.decoding.ragged_attention import require_ragged
+
+            require_ragged(next(draft.parameters()).device)
         use_sdpa(draft)
         if fewer_kernels:
             use_fewer_kernels(draft)

@@ -41,6 +41,13 @@ def ragged_attention_available(device: torch.device) -> str | None:
     return None
 
 
+def require_ragged(device: torch.device) -> None:
+    """A clear error, at construction, for a decoder asked to attend through the kernel where it cannot run."""
+    problem = ragged_attention_available(device)
+    if problem:
+        raise ValueError(f"ragged attention: {problem}")
+
+
 def use_ragged(setting: str, device: torch.device, section: str) -> bool:
     """`<section>.attention`: whether the steps attend to each row's own slots (ragged, on a CUDA device where Triton
     runs; without Triton a warning) or SDPA over the rows' common span (span, and always on a CPU)."""

@@ -21,6 +21,8 @@ import torch
 pytest.importorskip("triton")
 
 from draftsmith.decoding.batch_target import BatchTarget  # noqa: E402
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer  # noqa: E402
+from draftsmith.draft_model import build_draft  # noqa: E402
 from draftsmith.decoding.target import TargetModel  # noqa: E402
 from draftsmith.target_model.spec import TargetSpec  # noqa: E402
 
@@ -63,3 +65,7 @@ def test_ragged_steps_where_triton_cannot_run_fail_at_construction(tiny_target, 
     model = TargetSpec(str(tiny_target)).load_causal_lm(torch.float32).eval()
     with pytest.raises(ValueError, match="ragged attention: Triton kernels need a CUDA device"):
         BatchTarget(TargetModel(model), ragged=True)
+    draft = build_draft(TargetSpec(str(tiny_target)), torch.zeros(model.config.vocab_size, dtype=torch.long),
+                        torch.ones(model.config.vocab_size, dtype=torch.bool), 1, [0, 1, 2]).eval()
+    with pytest.raises(ValueError, match="ragged attention: Triton kernels need a CUDA device"):
+        BatchEagle3Proposer(draft, ragged=True)
