@@ -50,6 +50,11 @@ def ragged(module, query, key, value, attention_mask, dropout: float = 0.0, scal
 AttentionInterface.register(RAGGED, ragged)
 
 
+def ragged_bounds(first: torch.Tensor, query_slot: torch.Tensor) -> torch.Tensor:
+    """What `ragged` takes for a mask: each row's first slot [B] and its first query's slot [B], as [B, 1, 1, 2]."""
+    return torch.stack((first, query_slot), -1)[:, None, None, :]
+
+
 def attention_configs(model) -> list:
     """Every config the model's attention layers read their implementation from (a multimodal model nests one)."""
     return list({id(m.config): m.config for m in model.modules()

@@ -42,6 +42,7 @@ from draftsmith.decoding.batch_kv import (
     left_padded,
     on_device,
     prefill_layout,
+    ragged_bounds,
     right_padded,
     row_mask,
 )
@@ -406,7 +407,7 @@ class BatchTarget:
         slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
         if self.ragged:  # a row that does not decode reads its own slots alone
             first = torch.where(rows.active, rows.starts, rows.lengths)
-            mask, attention = torch.stack((first, rows.lengths), -1)[:, None, None, :], RAGGED
+            mask, attention = ragged_bounds(first, rows.lengths), RAGGED
         else:
             mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
         with rows.cache.writing(write_slots=slots, span=span) as cache, grouped_attention(self._attention, attention):

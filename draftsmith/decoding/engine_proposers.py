@@ -30,6 +30,7 @@ from draftsmith.decoding.batch_kv import (
     grouped_attention,
     on_device,
     prefill_layout,
+    ragged_bounds,
     row_mask,
 )
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels as use_fewer_kernels, use_sdpa
@@ -157,9 +158,9 @@ class BatchEagle3Proposer(Proposer):
             if not self.ragged:
                 return draft_layers(self.draft, tokens, hidden, positions, slots[0],
                                     row_mask(slots, rows.starts, cache.length), cache)
-            bounds = torch.stack((rows.starts, slots[:, 0]), -1)[:, None, None, :]
             with grouped_attention(self._attention, RAGGED):
-                return draft_layers(self.draft, tokens, hidden, positions, slots[0], bounds, cache)
+                return draft_layers(self.draft, tokens, hidden, positions, slots[0],
+                                    ragged_bounds(rows.starts, slots[:, 0]), cache)
 
     def propose(self, contexts, k: int, chain: int | None = None) -> tuple[torch.Tensor, list[int]]:
         """A chain of `chain` (default k) drafts per row [B, chain] (target vocabulary), and that count for every row; a
