@@ -9,9 +9,9 @@ template, every answer ending at end-of-turn or max_new_tokens. In one process:
    cache, left-padded batches of `--before-batch`) and the engine (`--batch-sizes`, largest);
 2. the engine on every prompt, `--samples` sampled answers each (regenerate's `samples_per_prompt`), at
    each of `--batch-sizes`: new tokens/s, decode steps, and the step's limits beside it (bytes read per step over
-   HBM bandwidth at the mean attention span the steps used, matmul FLOPs over the measured rate, and the launch
-   floor: a one-row step's time, measured); optionally the compiled token choice (`--compile-sampler`, at each of
-   `--sync-every`), ragged decode attention (`--ragged`: each row reads its own slots, not the common span), the
+   HBM bandwidth at the slots a row's attention reads, matmul FLOPs over the measured rate, and the launch floor: a
+   one-row step's time, measured); optionally the compiled token choice (`--compile-sampler`, at each of
+   `--sync-every`), ragged decode attention (`--ragged`: each row reads its own slots, not the whole cache), the
    model's RMSNorm/MLP compiled too (`--compile-layers`), greedy on every prompt once (`--greedy-all`) and a
    profile of eager steps (`--profile`).
 
@@ -115,16 +115,19 @@ def run_batched(model, batch: int, requests, gen, compile_sampler: bool = False,
     steps = sync_every if on_gpu else 1
     warm = sorted(requests, key=lambda r: -len(r["prompt_ids"]))[:batch]
     engine_answers(engine, warm, gen, batch, steps)  # capture and warm-up on the same shapes (the longest prompts)
-    stats, spans = engine.stats.copy(), engine.span_steps.copy()
+    stats = engine.stats.copy()
     answers, seconds = timed(lambda: engine_answers(engine, requests, gen, batch, steps))
-    run, spans = engine.stats - stats, engine.span_steps - spans  # this call's share
+    run = engine.stats - stats  # this call's share
     new = sum(len(a["token_ids"]) + (a["finish_reason"] == "stop") for a in answers)
     return {"batch": batch, "prompts": len(requests), "new_tokens": new, "seconds": seconds,
             "new_tokens_per_s": new / seconds, "decode_steps": run["decode_steps"],
             "prefill_tokens": run["prefill_tokens"], "cache_length": engine.rows.cache.length,
             "busy_row_share": run["busy_row_steps"] / max(1, batch * run["decode_steps"]),
             "mean_filled_slots": run["filled_slot_steps"] / max(1, run["busy_row_steps"]),
-            "mean_span": sum(span * n for span, n in spans.items()) / max(1, sum(spans.values())),
+            # the slots a row's attention reads a step, on average: ragged, those busy rows fill (a free row's one
+            # slot left out); SDPA, the whole cache
+            "slots_read": run["filled_slot_steps"] / max(1, batch * run["decode_steps"]) if ragged
+            else engine.rows.cache.length,
             "cut_at_limit": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
             "answers": answers}
 
@@ -164,15 +167,15 @@ def launch_floor_ms(model, prompt: list[int], steps: int = 128) -> float:
     return 1e3 * seconds / (engine.stats["decode_steps"] - before)
 
 
-def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_ms: float, ragged: bool = False) -> dict:
-    """Per decode step: bytes the step must read (weights once, every row's KV cache over the mean attention span
-    the run's steps used; `ragged`: only the slots busy rows fill) and matmul FLOPs, and the tokens/s each allows at
-    `batch` rows (a step of `batch` tokens); likewise the launch floor; beside the measured time per step."""
+def step_limits(model, run: dict, flops_per_s: float, hbm: float | None, floor_ms: float) -> dict:
+    """Per decode step: bytes the step must read (weights once, every row's KV cache over the slots its attention
+    reads, `slots_read`) and matmul FLOPs, and the tokens/s each allows at `batch` rows (a step of `batch` tokens);
+    likewise the launch floor; beside the measured time per step."""
     config = text_config(model.config)
     params = sum(p.numel() for p in model.parameters())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    slots = run["busy_row_share"] * run["mean_filled_slots"] if ragged else run["mean_span"]
-    kv_bytes = run["batch"] * slots * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2
+    kv_bytes = (run["batch"] * run["slots_read"] * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
+                * 2)
     step_bytes = params * 2 + kv_bytes
     step_flops = 2 * params * run["batch"]
     out = {"step_bytes": step_bytes, "step_flops": step_flops,
@@ -253,11 +256,10 @@ def main(argv=None):
     def measure(label: str, requests: list[dict], gen: dict, batch: int, **decoder_options) -> dict:
         run = run_batched(model, batch, requests, gen, **decoder_options)
         run.pop("answers")
-        run.update(step_limits(model, run, flops, hbm, floor_ms, decoder_options.get("ragged", False)), path=label,
-                   **decoder_options)
+        run.update(step_limits(model, run, flops, hbm, floor_ms), path=label, **decoder_options)
         print(f"{label}, batch {batch}: {run['new_tokens_per_s']:,.0f} new tokens/s ({run['new_tokens']} tokens, "
-              f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, mean span {run['mean_span']:.0f}; "
-              f"{run['busy_row_share']:.0%} of rows busy, filling {run['mean_filled_slots']:.0f} slots each)")
+              f"{run['seconds']:.1f} s, {run['measured_step_ms']:.2f} ms/step, a row reading {run['slots_read']:.0f} "
+              f"slots; {run['busy_row_share']:.0%} of rows busy, filling {run['mean_filled_slots']:.0f} slots each)")
         if args.device == "cuda":
             torch.cuda.empty_cache()
         return run
@@ -302,8 +304,8 @@ def main(argv=None):
               "side_by_side": {"prompts": len(few), "greedy": True, "before": before, "after": after,
                                "identical_answers": same},
               "versions": package_versions(["torch", "transformers"])}
-    rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | tokens per step | mean span "
-            "| bytes bound tokens/s | compute bound tokens/s | launch bound tokens/s |",
+    rows = ["| path | batch | prompts | new tokens | seconds | new tokens/s | ms per step | tokens per step "
+            "| slots read | bytes bound tokens/s | compute bound tokens/s | launch bound tokens/s |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             f"| before: transformers generate, dynamic cache (greedy, side by side) | {before['batch']} | "
             f"{before['prompts']} | {before['new_tokens']:,} | {before['seconds']:.1f} | "
@@ -315,7 +317,7 @@ def main(argv=None):
         rows.append(f"| engine ({r['path']}) | {r['batch']} | {r['prompts']} | {r['new_tokens']:,} | "
                     f"{r['seconds']:.1f} | {r['new_tokens_per_s']:,.0f} | {r['measured_step_ms']:.2f} | "
                     f"{r['new_tokens'] / max(1, r['decode_steps']):.0f} | "
-                    f"{r['mean_span']:.0f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} | "
+                    f"{r['slots_read']:.0f} | {bound} | {r['compute_bound_tokens_per_s']:,.0f} | "
                     f"{r['launch_bound_tokens_per_s']:,.0f} |")
     head = (f"Regenerate throughput, SmolLM2-135M-Instruct, {result['dtype']}, {len(prompts)} distinct real prompts, max_new_tokens "
             f"{args.max_new_tokens}, on {device_name}; {result['date']}; commit {measured}. Side by side: "

@@ -28,7 +28,7 @@ from draftsmith.decoding.reference import greedy_decode, speculative_decode
 from draftsmith.data.prompts import load_prompts
 from draftsmith.data.synthetic import generate_corpus
 from draftsmith.decoding.draft_kernels import RotaryTable, draft_layers, fuse_rms_norms, tabulate_rotary, use_sdpa
-from draftsmith.decoding.static_cache import SPAN_GRANULE, CapturedStep, StepGraphs, prompt_bucket
+from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket
 from draftsmith.draft_model import build_draft
 from draftsmith.io import write_jsonl
 from draftsmith.target_model.embedded import build_embedded_target
@@ -291,25 +291,26 @@ def one(target, proposer, ids, stop, k=3):
     return serve(target, proposer, [ids], 1, k, MAX_NEW, stop)[0]
 
 
-def test_steps_that_read_part_of_the_cache_decode_as_the_reference_does(tiny):
-    """An engine step attends to the cache's first slots only, as many as its furthest row needs in multiples of
-    SPAN_GRANULE: decodes that cross from one span to the next (and a prompt that starts in the third) give the tokens
-    and the accepted drafts of the reference loops over transformers' DynamicCache."""
+def test_steps_over_a_cache_mostly_empty_decode_as_the_reference_does(tiny):
+    """An engine step attends to the whole cache through its rows' masks: decodes of a 118- and a 261-token prompt
+    in a 1024-slot cache (most of its slots never written, or holding the prompt's padding past the write slot) give
+    the tokens and the accepted drafts of the reference loops over transformers' DynamicCache, with one captured step
+    per shape."""
     target, proposer = engine(tiny, recorded=True)
     target.reserve(1, 1024)  # as the benchmark does: no cache grows (which would drop the recorded steps)
     proposer.reserve(1, 1024)
     stop, long = tiny["stop"], sum(tiny["prompts"], [])
-    for length in (SPAN_GRANULE - 10, 2 * SPAN_GRANULE + 5):
+    for length in (118, 261):
         ids = (long * 10)[:length]
         greedy = one(target, NoDrafts(), ids, stop)
         assert greedy.tokens == greedy_decode(tiny["target"], ids, MAX_NEW, stop).tokens
         a = one(target, proposer, ids, stop)
         b = speculative_decode(tiny["target"], BatchEagle3Proposer(tiny["trained"]), ids, 3, MAX_NEW, stop)
         assert (a.tokens, a.accepted) == (b.tokens, b.accepted) and a.tokens == greedy.tokens
-        assert len(greedy.tokens) == MAX_NEW  # the first decode crossed into the second span
-    spans = {key[-1] for key in target.buffers.graphs.steps if key[0] != "prefill"}
-    assert spans == {SPAN_GRANULE, 2 * SPAN_GRANULE, 3 * SPAN_GRANULE}
-    assert target.rows.cache.length > 3 * SPAN_GRANULE
+        assert len(greedy.tokens) == MAX_NEW
+    steps = {key for key in target.buffers.graphs.steps if key[0] != "prefill"}
+    assert steps == {("decode", 1, Sampling()), (1, 4, 4, True)}  # greedy's step, a verification: at any length
+    assert target.rows.cache.length == 1024
 
 
 def test_one_engine_decodes_prompts_longer_than_its_cache_so_far(tiny):
@@ -329,7 +330,7 @@ def test_one_engine_decodes_prompts_longer_than_its_cache_so_far(tiny):
 def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     """BatchTarget.capture / BatchEagle3Proposer.capture request every step shape that decoding one request with k
     drafts takes (the benchmark's batch 1): prompts padded to a few buckets (one shape per prompt length would put
-    captures inside timed decodes), the steps at every span and the draft rounds; every method then decodes each
+    captures inside timed decodes), the target's steps and the draft rounds; every method then decodes each
     prompt as the reference loops do, its prompt padded, capturing nothing more."""
     target, proposer = engine(tiny, recorded=True)
     longest = max(len(ids) for ids in tiny["prompts"])
@@ -340,9 +341,8 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     captured = (set(target.buffers.graphs.steps), set(proposer.buffers.graphs.steps))
     buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
-    spans = range(SPAN_GRANULE, 1024 + 1, SPAN_GRANULE)  # a step reads the cache's first span slots, as it needs
-    assert captured == ({(1, q, q, aux, span) for q in range(1, 5) for aux in (False, True) for span in spans}
-                        | {("decode", 1, Sampling(), span) for span in spans}  # target-only greedy's step
+    assert captured == ({(1, q, q, aux) for q in range(1, 5) for aux in (False, True)}
+                        | {("decode", 1, Sampling())}  # target-only greedy's step
                         | {("prefill", 1, 1, b, aux) for b in buckets for aux in (False, True)},
                         {(1, n, chain) for n in range(1, 5) for chain in (3, 0)}
                         | {("prefill", 1, 1, b - 1) for b in buckets})  # the draft's: its inputs but the last
@@ -435,9 +435,9 @@ def test_cuda_graph_step_costs_name_each_steps_kernels(tiny):
 @pytest.mark.parametrize("ragged", [False, True])
 def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragged):
     """On a GPU, in float32: the engine as regenerate runs it (`generate`: target-only, its decode steps replayed as
-    CUDA graphs, a graph per span or one for the ragged kernel's steps, prefills eager) gives the tokens of the same
-    engine run eagerly, greedy and sampled, 15 prompts on 3 rows refilled as answers end, 2 steps a round (read one
-    round late)."""
+    CUDA graphs, SDPA over the whole cache through masks or the ragged kernel, prefills eager) gives the tokens of
+    the same engine run eagerly, greedy and sampled, 15 prompts on 3 rows refilled as answers end, 2 steps a round
+    (read one round late)."""
     from draftsmith.decoding.engine import generate
 
     model = AutoModelForCausalLM.from_pretrained(tiny["target_dir"], attn_implementation="sdpa").cuda().eval()

@@ -57,7 +57,7 @@ CHANGES = {
     **{f"regenerate.{k}": (v, set(), "no dataset of this configuration regenerates") for k, v in {
         "max_new_tokens": 8, "batch_size": 2, "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 1, "chunk_size": 2,
         "device": "cpu", "dtype": "float32", "backend": "vllm", "samples_per_prompt": 2, "tensor_parallel_size": 2,
-        "gpu_memory_utilization": 0.5, "max_model_len": 512, "attention": "span"}.items()},
+        "gpu_memory_utilization": 0.5, "max_model_len": 512, "attention": "sdpa"}.items()},
     **{f"self_prompts.{k}": (v, set(), "no dataset of this configuration has source self") for k, v in {
         "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 1, "max_new_tokens": 64, "min_words": 5,
         "max_words": 100, "max_benchmark_overlap": 0.8, "max_candidates_factor": 2}.items()},
@@ -86,7 +86,7 @@ CHANGES = {
     **{f"benchmark.{k}": (v, {"benchmark"}) for k, v in {
         "num_speculative_tokens": 1, "max_new_tokens": 8, "methods": ["target_greedy", "eagle3_draft"],
         "batch_size": 2, "prompt_lookup_ngram": 2, "hybrid_min_ngram": 2, "load_requests_per_row": 2, "cuda_graphs": False,
-        "attention": "span", "device": "auto", "dtype": "bfloat16",
+        "attention": "sdpa", "device": "auto", "dtype": "bfloat16",
         "seed": 1}.items()},
     "benchmark.repeats": (3, {"benchmark"}),
     # the sizes measured are the params (draftsmith.config.batch_sizes): null stands for [batch_size] offline, and
@@ -252,7 +252,7 @@ def test_a_deleted_intermediate_is_rebuilt_by_a_plain_run(run, tmp_path):
 REGENERATE_CHANGES = {
     "backend": ("vllm", True), "max_new_tokens": (3, True), "temperature": (0.7, True), "top_p": (0.5, True),
     "top_k": (5, True), "seed": (1, True), "samples_per_prompt": (2, True), "dtype": ("bfloat16", True),
-    "device": ("auto", True), "attention": ("span", True),
+    "device": ("auto", True), "attention": ("sdpa", True),
     "chunk_size": (3, False), "batch_size": (1, False), "tensor_parallel_size": (2, False),
     "gpu_memory_utilization": (0.5, False), "max_model_len": (64, False),
 }
@@ -315,7 +315,7 @@ SELF_PROMPTS_CHANGES = {
         "max_words": 100, "max_benchmark_overlap": 0.8, "max_candidates_factor": 5}.items()},
     "datasets.mine.num_prompts": (3, {"self_prompts", "regenerate"}),
     **{f"regenerate.{k}": (v, {"self_prompts", "regenerate"}) for k, v in {
-        "backend": "vllm", "dtype": "bfloat16", "device": "auto", "attention": "span"}.items()},
+        "backend": "vllm", "dtype": "bfloat16", "device": "auto", "attention": "sdpa"}.items()},
     **{f"regenerate.{k}": (v, {"regenerate"}) for k, v in {
         "max_new_tokens": 3, "temperature": 0.7, "top_p": 0.5, "top_k": 5, "seed": 1, "samples_per_prompt": 2}.items()},
     **{f"regenerate.{k}": (v, set()) for k, v in {

@@ -170,10 +170,10 @@ def test_the_hf_backend_on_a_gpu_says_in_its_fingerprint_that_it_compiles_the_la
         assert f"not each row's own slots ({problem})" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="draftsmith.decoding.ragged_attention"):
-        span = HFBackend(spec, {"device": "cuda:1", "attention": "span"})  # asked for: no warning
-    assert not span.ragged and "attention" not in span.settings and not caplog.text
-    assert span.settings == {k: v for k, v in gpu.settings.items() if k != "attention"}
-    with pytest.raises(ValueError, match="regenerate.attention must be ragged or span, got 'flash'"):
+        sdpa = HFBackend(spec, {"device": "cuda:1", "attention": "sdpa"})  # asked for: no warning
+    assert not sdpa.ragged and "attention" not in sdpa.settings and not caplog.text
+    assert sdpa.settings == {k: v for k, v in gpu.settings.items() if k != "attention"}
+    with pytest.raises(ValueError, match="regenerate.attention must be ragged or sdpa, got 'flash'"):
         HFBackend(spec, {"device": "cuda:1", "attention": "flash"})
 
 

@@ -51,7 +51,7 @@ from draftsmith.decoding.engine import serve_length
 from draftsmith.decoding.draft_kernels import fuse_rms_norms
 from draftsmith.decoding.engine_proposers import BatchEagle3Proposer
 from draftsmith.decoding.ragged_attention import use_ragged
-from draftsmith.decoding.static_cache import SPAN_GRANULE, full_attention_sdpa
+from draftsmith.decoding.static_cache import full_attention_sdpa
 from draftsmith.decoding.target import TargetModel
 from draftsmith.devices import resolve_device, resolve_dtype
 from draftsmith.draft_model import build_draft, load_draft
@@ -233,7 +233,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
         "target_norms_fused": fused_norms,
-        "attention": "ragged" if ragged else ("span" if runner.static else "transformers"),
+        "attention": "ragged" if ragged else ("sdpa" if runner.static else "transformers"),
         "repeats": repeats,
         "timing": "interleaved",
         "versions": package_versions(),
@@ -264,8 +264,7 @@ def prepare_engine(target: BatchTarget, proposers: dict, rows: int, length: int,
     if target.buffers.graphs.enabled:
         log.info("%d rows: captured %d target steps and %s draft rounds; caches hold %d slots (a target step reads %s)",
                  rows, len(target.buffers.graphs.steps), "+".join(str(len(p.buffers.graphs.steps)) for p in drafts),
-                 target.rows.cache.length, "each row's own slots" if target.ragged else
-                 f"the first {SPAN_GRANULE} or a multiple, as its rows need")
+                 target.rows.cache.length, "each row's own slots" if target.ragged else "the whole cache")
 
 
 def compare_outputs(outputs_by_size: dict[int, dict[str, dict[str, list[int]]]], methods: list[str], sizes: list[int],

@@ -128,9 +128,8 @@ class BatchKV:
     """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
 
     Two kinds of write: a prefill of some rows (`prefill_rows`, the prompt at slots 0..P-1, attending only to
-    itself), and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the first `span` slots
-    through the caller's mask: every busy row's sequence lies within them, so a step reads no more cache than it
-    needs; the engine's rounds, draftsmith.decoding.engine).
+    itself), and q tokens of every row at its own slots (`write_slots` [rows, q], attending to the whole cache through
+    the caller's mask, or to each row's own slots through `ragged`; the engine's rounds, draftsmith.decoding.engine).
     """
 
     def __init__(self, rows: int, length: int):
@@ -139,7 +138,6 @@ class BatchKV:
         self.values: dict[int, torch.Tensor] = {}
         self.prefill_rows: torch.Tensor | None = None
         self.write_slots: torch.Tensor | None = None
-        self.span = length
         self._all_rows: torch.Tensor | None = None
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None):
@@ -156,18 +154,16 @@ class BatchKV:
             return key, value
         keys[self._all_rows[:, None], :, self.write_slots] = key.transpose(1, 2)  # [rows, q, KV, D] at each row's slots
         values[self._all_rows[:, None], :, self.write_slots] = value.transpose(1, 2)
-        return keys[:, :, : self.span], values[:, :, : self.span]
+        return keys, values
 
     @contextmanager
-    def writing(self, prefill_rows: torch.Tensor | None = None, write_slots: torch.Tensor | None = None,
-                span: int | None = None):
-        """Within the block a forward writes the prompts of rows `prefill_rows`, or every row's `write_slots`, reading
-        the first `span` slots (default: all)."""
-        self.prefill_rows, self.write_slots, self.span = prefill_rows, write_slots, span or self.length
+    def writing(self, prefill_rows: torch.Tensor | None = None, write_slots: torch.Tensor | None = None):
+        """Within the block a forward writes the prompts of rows `prefill_rows`, or every row's `write_slots`."""
+        self.prefill_rows, self.write_slots = prefill_rows, write_slots
         try:
             yield self
         finally:
-            self.prefill_rows, self.write_slots, self.span = None, None, self.length
+            self.prefill_rows, self.write_slots = None, None
 
     def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, width: int) -> None:
         """Slots 0..width-1 of rows `sources` into rows `targets`, in every layer (a prefill shared by a repeated

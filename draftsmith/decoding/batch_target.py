@@ -7,16 +7,14 @@ Layout: a request's prompt is left-padded into its row (`starts`: the slot where
 prompts admitted with it (a prefill of those rows alone, while the other rows keep their state). Each row has its own
 write slot (`lengths`), its own position ids (slot - start) and its own mask (`row_mask`: its slots from its start up
 to the query's own), so a refilled row attends to nothing of its previous request: those entries lie past its write
-slot (overwritten before any query reaches them) or before its start. A row without a request sits at slot 0. A
-target step reads the cache's first `span` slots only (`attention_span`: the furthest busy row's need, rounded up to
-SPAN_GRANULE): SDPA with a mask reads every slot it is given, and on one H100 SmolLM2's 4-token verification over 768
-slots cost 0.53 ms more than a one-token step, 0.31 ms more over 256 (docs/BENCHMARKS.md).
+slot (overwritten before any query reaches them) or before its start. A row without a request sits at slot 0.
 
-The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated), or for every step but a
-prefill with `ragged` the Triton kernel that reads each row's own slots (no span, no mask: one capture per shape).
+The target's attention is `grouped_sdpa` (grouped-query KV heads handed to SDPA unrepeated) over the whole cache
+through the rows' masks, or for every step but a prefill with `ragged` the Triton kernel that reads each row's own
+slots (no mask).
 
 CUDA graphs (`cuda_graphs`): each model keeps one cache, write slots and starts per row count (`reserve`), so a round's
-step of a shape (rows, tokens, span) is captured once (`capture`, before the timed runs) and replayed. A verification
+step of a shape (rows, tokens) is captured once (`capture`, before the timed runs) and replayed. A verification
 step reads the rows' slots from device buffers and writes nothing but the KV cache at them, so it can be replayed (and
 its capture's warm-up runs repeated); the host advances the slots after it and checks the cache's bounds against its
 own copy of them. A decode step advances its rows itself, so the steps its capture runs count (`decode` returns them).
@@ -47,14 +45,7 @@ from draftsmith.decoding.batch_kv import (
     row_mask,
 )
 from draftsmith.decoding.sampling import Sampling, choose_tokens
-from draftsmith.decoding.static_cache import (
-    SPAN_GRANULE,
-    CapturedStep,
-    StepGraphs,
-    attention_span,
-    prompt_bucket,
-    prompt_buckets,
-)
+from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket, prompt_buckets
 from draftsmith.decoding.target import TargetModel
 
 log = logging.getLogger(__name__)
@@ -136,9 +127,8 @@ class RowBuffers:
             self.host_active[row] = True
 
     def release(self, rows: list[int]) -> None:
-        """`rows` hold no request: each writes and reads slot 0 alone (so no step's span need reach its old slots,
-        and its mask is never empty: an empty one gives NaN, which a masked slot still spreads, 0 * NaN) and a
-        decode step leaves it there."""
+        """`rows` hold no request: each writes and reads slot 0 alone (so its mask is never empty: an empty one gives
+        NaN, which a masked slot still spreads, 0 * NaN) and a decode step leaves it there."""
         if not rows:
             return
         index = on_device(rows, self.starts.device)
@@ -222,11 +212,11 @@ def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int
 class BatchTarget:
     """The target of a `TargetModel` (its model and auxiliary-layer hooks) decoding B rows over one `BatchKV`.
     With `ragged` its decode and verification steps attend to each row's own slots (draftsmith.decoding.
-    ragged_attention, a Triton kernel) rather than every row to the common span: one graph a step shape, not one a
-    span. `compile_sampler` hands a decode step's token choice to torch.compile (fused kernels: each bisection step of
-    the nucleus reads the vocabulary once instead of three times); `capture_prefills` False runs every prefill
-    eagerly at the prompts' own width (regenerate: a refill of many rows of any width, whose shapes a graph each would
-    not pay back). `prefill_limit`: the tokens one prefill forward takes at most (`serve`)."""
+    ragged_attention, a Triton kernel) rather than to the whole cache through a mask. `compile_sampler` hands a decode
+    step's token choice to torch.compile (fused kernels: each bisection step of the nucleus reads the vocabulary once
+    instead of three times); `capture_prefills` False runs every prefill eagerly at the prompts' own width
+    (regenerate: a refill of many rows of any width, whose shapes a graph each would not pay back). `prefill_limit`:
+    the tokens one prefill forward takes at most (`serve`)."""
 
     MAX_GRAPH_WIDTH = 16  # wider steps (a prompt) run eagerly
 
@@ -247,9 +237,8 @@ class BatchTarget:
         self._choose_fn = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         self._attention = attention_configs(target.model)
         # running counts, for throughput reports (the difference of two readings covers the calls between): decode
-        # steps, the rows busy in them and the slots their sequences filled, prefilled tokens; decode steps by span
+        # steps, the rows busy in them and the slots their sequences filled, prefilled tokens
         self.stats: Counter = Counter()
-        self.span_steps: Counter = Counter()
 
     @property
     def bucketed_prefills(self) -> bool:
@@ -269,12 +258,12 @@ class BatchTarget:
     def prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool = False):
         """New requests in `rows` (the others keep theirs): the prompts, left-padded to the longest, run over those rows
         alone, each attending to itself; a request alone (batch 1, or a refill of one row) is padded on the right
-        instead, so that its sequence starts at slot 0 and no step's span reads its padding (the padding's slots lie
-        past its write slot, overwritten before any query reaches them). With CUDA graphs the width is the longest's
-        bucket (`prompt_bucket`), and a prefill of up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers'
-        rows, rows, width): a refill of one row costs one launch rather than the model's hundreds. A prompt that
-        several rows take (samples of one prompt) runs once, into its first row, whose cache the others copy. Returns
-        the prompts as the rows hold them (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
+        instead, so that its sequence starts at slot 0 (the padding's slots lie past its write slot, overwritten before
+        any query reaches them). With CUDA graphs the width is the longest's bucket (`prompt_bucket`), and a prefill of
+        up to PREFILL_GRAPH_WIDTH is replayed, one capture per (buffers' rows, rows, width): a refill of one row costs
+        one launch rather than the model's hundreds. A prompt that several rows take (samples of one prompt) runs
+        once, into its first row, whose cache the others copy. Returns the prompts as the rows hold them
+        (`AdmittedPrompts`) and the last prompt position's logits [R, V]."""
         distinct: dict[tuple, int] = {}
         which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         if len(distinct) < len(prompts):
@@ -336,27 +325,25 @@ class BatchTarget:
         (serve_length), and so does the device's, as a guard."""
         rows = self.rows
         busy = [r for r, on in enumerate(rows.host_active) if on]
-        span = self.span(max((rows.host_lengths[r] for r in busy), default=0) + steps + CapturedStep.WARM_UP_RUNS)
-        key = ("decode", rows.cache.rows, sampling, span)
+        key = ("decode", rows.cache.rows, sampling)
         ran = steps + self.buffers.graphs.first_call_runs(key)
         rows.out[:, 0] = rows.tokens
         rows.step.fill_(1)
-        step = functools.partial(self._decode_step, span=span, sampling=sampling)
+        step = functools.partial(self._decode_step, sampling=sampling)
         for _ in range(steps):
             self.buffers.graphs.run(key, step)
         self.stats["decode_steps"] += ran
         self.stats["busy_row_steps"] += ran * len(busy)
         self.stats["filled_slot_steps"] += ran * sum(rows.host_lengths[r] - rows.host_starts[r] for r in busy)
-        self.span_steps[span] += ran
         for r in busy:
             rows.host_lengths[r] = min(rows.host_lengths[r] + ran, rows.cache.length - 1)
         return ran
 
-    def _decode_step(self, span: int, sampling: Sampling) -> None:
-        """One token for every row (what a graph captures), attending to the first `span` slots (ragged: each row's
-        own); a row without a request (`RowBuffers.release`) stays at slot 0."""
+    def _decode_step(self, sampling: Sampling) -> None:
+        """One token for every row (what a graph captures); a row without a request (`RowBuffers.release`) stays at
+        slot 0."""
         rows = self.rows
-        logits, _ = self._step(rows.tokens[:, None], 1, False, span)
+        logits, _ = self._step(rows.tokens[:, None], 1, False)
         chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
         rows.out.index_copy_(1, rows.step, chosen[:, None])
         rows.step += 1
@@ -378,30 +365,24 @@ class BatchTarget:
 
     def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
-        row by what it keeps: `advance`), attending to the cache's first `span` slots. Returns the last `keep`
+        row by what it keeps: `advance`), each attending to its row's slots up to its own. Returns the last `keep`
         (default q) positions' logits [B, keep, V] and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed
         step's outputs are overwritten by its next replay."""
         rows, q = input_ids.shape
         self.rows.check(q, "target's")
-        span = self.span(max(self.rows.host_lengths) + q)
         keep = keep or q
-        step = functools.partial(self._step, keep=keep, with_aux=with_aux, span=span)
+        step = functools.partial(self._step, keep=keep, with_aux=with_aux)
         if q > self.MAX_GRAPH_WIDTH:
             return step(input_ids)
-        return self.buffers.graphs.run((rows, q, keep, with_aux, span), step, input_ids)
+        return self.buffers.graphs.run((rows, q, keep, with_aux), step, input_ids)
 
     def advance(self, counts: list[int]) -> None:
         """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
         self.rows.advance(counts)
 
-    def span(self, needed: int) -> int:
-        """The cache slots a step reads when the furthest row's sequence fills the first `needed` (`attention_span`;
-        ragged: the whole cache, of which each row reads its own)."""
-        return self.rows.cache.length if self.ragged else attention_span(needed, self.rows.cache.length)
-
-    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool, span: int):
-        """`input_ids` [B, q] at each row's next slots, attending to the first `span` slots through the rows' masks,
-        or (`ragged`) the Triton kernel over each row's own slots, its first slot and the first query's passed for a
+    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+        """`input_ids` [B, q] at each row's next slots, attending to the whole cache through the rows' masks, or
+        (`ragged`) the Triton kernel over each row's own slots, its first slot and the first query's passed for a
         mask."""
         rows = self.rows
         slots = rows.lengths[:, None] + torch.arange(input_ids.shape[1], device=self.device)
@@ -409,32 +390,31 @@ class BatchTarget:
             first = torch.where(rows.active, rows.starts, rows.lengths)
             mask, attention = ragged_bounds(first, rows.lengths), RAGGED
         else:
-            mask, attention = row_mask(slots, rows.starts, span), GROUPED_SDPA
-        with rows.cache.writing(write_slots=slots, span=span) as cache, grouped_attention(self._attention, attention):
+            mask, attention = row_mask(slots, rows.starts, rows.cache.length), GROUPED_SDPA
+        with rows.cache.writing(write_slots=slots) as cache, grouped_attention(self._attention, attention):
             return self.target.call(keep, with_aux, input_ids=input_ids, attention_mask=mask,
                                     position_ids=(slots - rows.starts[:, None]).clamp(min=0),
                                     cache_position=slots[0], past_key_values=cache)
 
     @torch.inference_mode()  # as the decoding loops: a graph's static inputs are inference tensors
     def capture(self, rows: int, k: int, longest_prompt: int | None = None) -> None:
-        """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens at every span; with
-        and without the auxiliary states; target-only greedy's decode step) and, given the longest prompt, one row's
-        prefill at every bucket up to its (a refill's, or each prompt's at batch 1), so that none is captured inside a
-        timed decode. Reserve the buffers first."""
+        """Capture now every step a decode of `rows` rows with up to k drafts takes (1..k+1 tokens, with and without
+        the auxiliary states; target-only greedy's decode step) and, given the longest prompt, one row's prefill at
+        every bucket up to its (a refill's, or each prompt's at batch 1), so that none is captured inside a timed
+        decode. Reserve the buffers first."""
         if not self.buffers.graphs.enabled:
             return
         aux = {False, bool(self.target.aux_layer_ids)}
         everyone, length = list(range(rows)), self.rows.cache.length
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
-        for span in sorted({self.span(n) for n in range(SPAN_GRANULE, length + SPAN_GRANULE, SPAN_GRANULE)}):
-            for q in range(1, k + 2):
-                self.rows.admit(everyone, zeros, min(span, length) - q)  # the furthest row's need: the span's last q
-                for with_aux in aux:
-                    self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
-            # target-only greedy's decode step, its warm-up runs and its replay ending at the span
-            self.rows.admit(everyone, zeros, min(span, length) - 1 - CapturedStep.WARM_UP_RUNS)
-            self.rows.begin_decoding(everyone, zeros, zeros)
-            self.decode(1, Sampling())
+        for q in range(1, k + 2):
+            self.rows.admit(everyone, zeros, length - q)  # each row's last q slots
+            for with_aux in aux:
+                self.forward(torch.zeros((rows, q), dtype=torch.long, device=self.device), with_aux=with_aux)
+        # target-only greedy's decode step, its warm-up runs and its replay ending at the cache's last slot
+        self.rows.admit(everyone, zeros, length - 1 - CapturedStep.WARM_UP_RUNS)
+        self.rows.begin_decoding(everyone, zeros, zeros)
+        self.decode(1, Sampling())
         for bucket in captured_prefill_widths(longest_prompt, length):
             for with_aux in aux:
                 self.prefill([0], [[0] * bucket], with_aux=with_aux)

