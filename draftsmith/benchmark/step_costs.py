@@ -71,7 +71,10 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
     """Median times (ms) of a target decode step, a verification step over k + 1 tokens and one draft step (a draft
     round of k steps / k, one newly verified position per round) after `prompt_ids`, in `rows` rows of the engine
     at once (each holding the prompt), run as its rounds run them (CUDA graphs where the target and proposer use
-    them); on a GPU also each one's kernels (the draft's: a whole round's)."""
+    them), and of a refill: a new request (the prompt again) into one row while the others keep theirs, the target's
+    prefill, its first token read and the draft's prefill, as `serve` admits it. Under load about rows x tokens a
+    round / answer length requests end every round, each one such refill. On a GPU also each one's kernels (the
+    draft's: a whole round's)."""
     length = serve_length([prompt_ids], REPEATS + 2 + k + 1, k)  # draft rounds each add one verified position
     target.begin(rows, length)
     proposer.begin(rows, length)
@@ -94,12 +97,20 @@ def measure_step_costs(target: BatchTarget, proposer: BatchEagle3Proposer, promp
         proposer.accept(token[:, None], aux_last, [1] * rows)
         proposer.propose([], k)[0].tolist()
 
+    def refill():
+        admitted, first_logits = target.prefill([0], [prompt_ids], with_aux=True)
+        first = target.first_tokens([0], first_logits, Sampling(), [0])
+        proposer.prefill([0], admitted, first)
+        first.tolist()
+
     target_ms = median_ms(target_step, target.device)
     verify_ms = median_ms(verify_step, target.device)
     draft_ms = median_ms(draft_round, target.device) / k
+    refill_ms = median_ms(refill, target.device)  # last: it starts row 0's request over
     costs = {"target_step_ms": target_ms, "verify_step_ms": verify_ms, "draft_step_ms": draft_ms,
-             "cost_ratio": draft_ms / target_ms}
+             "cost_ratio": draft_ms / target_ms, "refill_ms": refill_ms}
     if target.device.type == "cuda":
         costs["kernels"] = {name: kernel_profile(fn) for name, fn in
-                            (("target_step", target_step), ("verify_step", verify_step), ("draft_round", draft_round))}
+                            (("target_step", target_step), ("verify_step", verify_step), ("draft_round", draft_round),
+                             ("refill", refill))}
     return costs
