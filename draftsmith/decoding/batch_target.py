@@ -44,6 +44,7 @@ from draftsmith.decoding.batch_kv import (
     right_padded,
     row_mask,
 )
+from draftsmith.decoding.ragged_attention import require_ragged
 from draftsmith.decoding.sampling import Sampling, choose_tokens
 from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket, prompt_buckets
 from draftsmith.decoding.target import TargetModel
@@ -227,8 +228,6 @@ class BatchTarget:
         if prefill_limit < 1:
             raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
         if ragged:
-            from draftsmith.decoding.ragged_attention import require_ragged
-
             require_ragged(target.device)
         self.target = target
         self.device = target.device

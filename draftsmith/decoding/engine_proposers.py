@@ -36,6 +36,7 @@ from draftsmith.decoding.batch_kv import (
 from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels as use_fewer_kernels, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.ngrams import ContextNgrams
+from draftsmith.decoding.ragged_attention import require_ragged
 
 
 class Proposer:
@@ -96,8 +97,6 @@ class BatchEagle3Proposer(Proposer):
 
     def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True, ragged: bool = False):
         if ragged:
-            from draftsmith.decoding.ragged_attention import require_ragged
-
             require_ragged(next(draft.parameters()).device)
         use_sdpa(draft)
         if fewer_kernels:
@@ -153,14 +152,13 @@ class BatchEagle3Proposer(Proposer):
         """The draft's layers on a round's inputs at each row's consecutive `slots` [B, n], each attending to its row's
         slots from its start up to its own."""
         rows = self.rows
+        if self.ragged:
+            mask, attention = ragged_bounds(rows.starts, slots[:, 0]), RAGGED
+        else:
+            mask, attention = row_mask(slots, rows.starts, rows.cache.length), "sdpa"  # as use_sdpa set it
         positions = (slots - rows.starts[:, None]).clamp(min=0) + 1
-        with rows.cache.writing(write_slots=slots) as cache:
-            if not self.ragged:
-                return draft_layers(self.draft, tokens, hidden, positions, slots[0],
-                                    row_mask(slots, rows.starts, cache.length), cache)
-            with grouped_attention(self._attention, RAGGED):
-                return draft_layers(self.draft, tokens, hidden, positions, slots[0],
-                                    ragged_bounds(rows.starts, slots[:, 0]), cache)
+        with rows.cache.writing(write_slots=slots) as cache, grouped_attention(self._attention, attention):
+            return draft_layers(self.draft, tokens, hidden, positions, slots[0], mask, cache)
 
     def propose(self, contexts, k: int, chain: int | None = None) -> tuple[torch.Tensor, list[int]]:
         """A chain of `chain` (default k) drafts per row [B, chain] (target vocabulary), and that count for every row; a
