@@ -125,7 +125,8 @@ def test_the_decoder_counts_the_slots_busy_rows_fill(tiny):
     assert stats["busy_row_steps"] == steps > 0
     assert stats["filled_slot_steps"] == sum(len(prompts[0]) + k for k in range(steps))
     one.generate(prompts[:1], 12, stops)  # the same call again: the difference of two readings is that call's share
-    assert one.engine.stats - stats == stats
+    counts = {key: n for key, n in stats.items() if key != "refill_seconds"}  # the refills' wall time varies
+    assert {key: n for key, n in (one.engine.stats - stats).items() if key != "refill_seconds"} == counts
     many = Decoder(model, 5, steps=2)
     many.generate(prompts, 12, stops)
     stats = many.engine.stats

@@ -85,7 +85,8 @@ CHANGES = {
     "benchmark.backend": ("vllm", {"benchmark"}),
     **{f"benchmark.{k}": (v, {"benchmark"}) for k, v in {
         "num_speculative_tokens": 1, "max_new_tokens": 8, "methods": ["target_greedy", "eagle3_draft"],
-        "batch_size": 2, "prompt_lookup_ngram": 2, "hybrid_min_ngram": 2, "load_requests_per_row": 2, "cuda_graphs": False,
+        "batch_size": 2, "prompt_lookup_ngram": 2, "hybrid_min_ngram": 2, "load_requests_per_row": 2, "refill_rounds": 0.5,
+        "cuda_graphs": False,
         "attention": "sdpa", "device": "auto", "dtype": "bfloat16",
         "seed": 1}.items()},
     "benchmark.repeats": (3, {"benchmark"}),

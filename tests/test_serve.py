@@ -131,6 +131,26 @@ def test_a_row_past_its_cache_is_a_clear_error(tiny):
         target.prefill([0], [[1] * (target.rows.cache.length + 1)])
 
 
+@pytest.mark.parametrize("drafting", [False, True])
+def test_refills_wait_for_their_idle_budget_and_give_the_same_outputs(tiny, drafting):
+    """`refill_rounds`: free rows wait for the next prompts until their idle row-rounds reach that many rounds of every
+    row. At 0 a row takes the next prompt as it comes free; with a budget no row's idleness reaches, only when every
+    row is free or the queue's rest fits the free rows: fewer refills, each of more rows. The outputs stay batch 1's."""
+    prompts, stop = batch_of(tiny, 5)
+    prompts = prompts + prompts[::-1] + prompts[1::2]
+    want = references(tiny, prompts, stop)
+    refills = {}
+    for budget in (0.0, 1.0, 1e6):
+        target = BatchTarget(tiny["target"])
+        proposer = BatchEagle3Proposer(tiny["trained"]) if drafting else NoDrafts()
+        traces = serve(target, proposer, prompts, 3, 3, MAX_NEW, stop, refill_rounds=budget)
+        check_rows(traces, want, 3 if drafting else None)
+        refills[budget] = target.stats["refills"]
+        assert target.stats["refill_seconds"] > 0
+    assert refills[0.0] > refills[1e6] >= 3  # the first fill, then every row free or the queue's rest fitting
+    assert refills[0.0] >= refills[1.0] >= refills[1e6]
+
+
 def test_requests_share_the_run_s_wall_time_and_keep_their_own_latency(tiny):
     """Under load a request's `seconds` is its share of the run's wall time (summed: the run's throughput); its time to
     first token counts from its admission (a refilled request: when its row came free), its time per output token
@@ -208,6 +228,10 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
             costs["draft_step_ms"] / costs["target_step_ms"])
         assert "step_costs" not in summary["methods"][method]["per_batch_size"]["1"]
     assert "step_costs" not in summary["methods"]["prompt_lookup"]["per_batch_size"]["2"]
+    # each method's refills a run (the first fill among them) and their share of the run's wall time
+    for entry in summary["methods"].values():
+        figures = entry["per_batch_size"]["2"]
+        assert figures["refills"] >= 2 and 0 < figures["refill_share"] < 1
     assert all(e["repeatable"] for e in summary["methods"].values())
     assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["speedup"] == pytest.approx(1.0)
     assert summary["methods"]["target_greedy"]["per_batch_size"]["2"]["matches_batch_1"] is True

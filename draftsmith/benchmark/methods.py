@@ -80,14 +80,15 @@ def method_proposers(methods: list[str], settings: ProposerSettings) -> dict:
 
 
 def method_decoders(methods: list[str], target, proposers: dict, k: int, max_new_tokens: int, stop_ids: set[int],
-                    concurrency: int | None = None) -> dict:
+                    concurrency: int | None = None, refill_rounds: float = 0.0) -> dict:
     """Per method, a function of a list of prompts' token ids (without `concurrency`: of one prompt's) that decodes
-    them on `target` (a BatchTarget, that many requests in flight; without: a TargetModel, the eager reference) and
-    returns one trace per prompt (without: its trace): target-only greedy for the baseline, speculative decoding with
-    k drafted tokens a round and the method's proposer for the others."""
+    them on `target` (a BatchTarget, that many requests in flight, refilled by `refill_rounds`: serve; without: a
+    TargetModel, the eager reference) and returns one trace per prompt (without: its trace): target-only greedy for
+    the baseline, speculative decoding with k drafted tokens a round and the method's proposer for the others."""
     if concurrency is not None:
         def served(proposer):
-            return lambda prompts: serve(target, proposer, prompts, concurrency, k, max_new_tokens, stop_ids)
+            return lambda prompts: serve(target, proposer, prompts, concurrency, k, max_new_tokens, stop_ids,
+                                         refill_rounds=refill_rounds)
 
         return {m: served(NoDrafts() if m == BASELINE else proposers[m]) for m in methods}
 

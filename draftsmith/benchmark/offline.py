@@ -77,6 +77,8 @@ def check_settings(cfg: dict) -> None:
     for key in ("num_speculative_tokens", "max_new_tokens", "repeats", "load_requests_per_row"):
         if int(cfg.get(key, 1)) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
+    if float(cfg.get("refill_rounds", 0)) < 0:
+        raise ValueError(f"benchmark.refill_rounds must be >= 0, got {cfg['refill_rounds']}")
 
 
 def use_cuda_graphs(setting, model, device: torch.device) -> bool:
@@ -208,9 +210,9 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             rendered[prompt["prompt_id"]] = render(prompt["messages"])
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
-    requests, step_costs = {}, {}  # per size above 1: how many requests the prompts made; step costs at that size
+    requests, load_extras = {}, {}  # per size above 1: how many requests the prompts made; refills, step costs
     for size in [s for s in sizes if s > 1]:
-        outputs_by_size[size], requests[size], step_costs[size] = time_concurrency(
+        outputs_by_size[size], requests[size], load_extras[size] = time_concurrency(
             size, methods, rendered, categories, cfg, engine, settings, stop_ids, rows, unrepeatable, variant)
     num_prompts = len(rendered)
 
@@ -219,8 +221,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
     for size, count in requests.items():
         for method in methods:
             size_extras[size][method]["requests"] = count
-        for method, costs in step_costs[size].items():
-            size_extras[size][method]["step_costs"] = costs
+            size_extras[size][method].update(load_extras[size][method])
     meta = {
         "variant": variant,
         "backend": "offline",
@@ -333,10 +334,12 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     `benchmark.load_requests_per_row` requests a row, after an untimed warm-up run of every method; each method
     `repeats` times, interleaved. Appends one row per prompt (its requests' tokens must agree; their latency is the
     median of them) and the unrepeatable prompts; returns each method's outputs by prompt id, the number of requests,
-    and each EAGLE-3 method's step costs with that many rows at once (`measure_step_costs`)."""
+    and per method the refills of a run and their share of its wall time (medians), with each EAGLE-3 method's step
+    costs with that many rows at once (`measure_step_costs`)."""
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
     proposers = method_proposers(methods, settings)  # their own: a hybrid counts the rounds of this size
-    decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size)
+    decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size,
+                               refill_rounds=float(cfg.get("refill_rounds", 0)))
     pids = list(rendered)
     # The prompt set in whole passes, enough that the rows stay busy: with 80 prompts at 64 in flight a single pass is
     # mostly its ramp-down (16 refills, then fewer and fewer rows), not N requests in flight.
@@ -355,7 +358,9 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     for decode in decoders.values():
         decode(batch)
     outputs: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
-    timed = time_batch_interleaved(decoders, batch, repeats, 0, k)
+    refills: dict[str, list[tuple[int, float]]] = {m: [] for m in methods}
+    timed = time_batch_interleaved({m: counting_refills(target, d, refills[m]) for m, d in decoders.items()}, batch,
+                                   repeats, 0, k)
     for method, request_rows in timed.items():
         for pid, t in per_prompt(request_rows, requests, k).items():
             outputs[method][pid] = t.trace.tokens
@@ -373,4 +378,20 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
         log.info("concurrency %d, %s: %d rows at once: target step %.2f ms, verification over %d tokens a row %.2f ms, "
                  "draft step %.2f ms", size, method, in_flight, c["target_step_ms"], k + 1, c["verify_step_ms"],
                  c["draft_step_ms"])
-    return outputs, len(requests), costs
+    extras = {m: {"refills": statistics.median(n for n, _ in runs), "refill_share": statistics.median(s for _, s in runs),
+                  **({"step_costs": costs[m]} if m in costs else {})} for m, runs in refills.items()}
+    log.info("concurrency %d: refills a run (median) and their share of its wall time: %s", size,
+             ", ".join(f"{m} {e['refills']:g}, {100 * e['refill_share']:.1f}%" for m, e in extras.items()))
+    return outputs, len(requests), extras
+
+
+def counting_refills(target: BatchTarget, decode, runs: list):
+    """`decode`, appending to `runs` each run's refills and their share of its wall time (`target.stats`)."""
+    def run(batch):
+        refills, seconds = target.stats["refills"], target.stats["refill_seconds"]
+        traces = decode(batch)
+        wall = sum(t.seconds for t in traces)
+        runs.append((target.stats["refills"] - refills, (target.stats["refill_seconds"] - seconds) / wall))
+        return traces
+
+    return run

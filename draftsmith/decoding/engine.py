@@ -54,16 +54,17 @@ def serve_length(prompts: list[list[int]], max_new_tokens: int, k: int, bucketed
 @torch.inference_mode()
 def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: int, k: int, max_new_tokens: int,
           stop_ids: set[int], sampling: Sampling | None = None, seeds: list[int] | None = None, steps: int = 1,
-          progress=None, every_row: bool = False) -> list[Trace]:
+          progress=None, every_row: bool = False, refill_rounds: float = 0.0) -> list[Trace]:
     """Every prompt decoded with `concurrency` requests in flight, in order, rows taking the next prompts as their
-    answers end (a prefill of at most `target.prefill_limit` tokens, once at least 1/64 of the rows are free), each
-    answer cut by the stopping rule: speculative with `proposer` (greedy verification, up to k drafts a round), or
-    with NoDrafts target-only, greedy or sampled (`sampling`, a seed per prompt), `steps` decode steps a round. A round
-    of several steps is read one round late: the device decodes the next round while the host reads this one and
-    refills (a row whose answer ended stops on the device and waits there to be read). `progress(n)`: n more answers
-    done.
+    answers end (prefills of at most `target.prefill_limit` tokens, `Rounds.refill_due`), each answer cut by the
+    stopping rule: speculative with `proposer` (greedy verification, up to k drafts a round), or with NoDrafts
+    target-only, greedy or sampled (`sampling`, a seed per prompt), `steps` decode steps a round. A round of several
+    steps is read one round late: the device decodes the next round while the host reads this one and refills (a row
+    whose answer ended stops on the device and waits there to be read). `progress(n)`: n more answers done.
     `every_row`: all `concurrency` rows even for fewer prompts (regenerate's chunks then share one set of buffers and
-    graphs), else at most one a prompt."""
+    graphs), else at most one a prompt. `refill_rounds`: what a refill costs, in rounds; free rows wait for the next
+    prompts until the rounds they sat idle add up to that many rounds of every row (0: a refill once 1/64 of the rows
+    are free)."""
     sampling = sampling or Sampling()
     drafting = not isinstance(proposer, NoDrafts)
     if k < 1:
@@ -81,7 +82,7 @@ def serve(target: BatchTarget, proposer, prompts: list[list[int]], concurrency: 
     proposer.begin(rows, length)
     flight = Flight(prompts, rows, max_new_tokens, set(stop_ids), drafting)
     seeds = list(seeds) if seeds is not None else [0] * len(prompts)
-    return Rounds(target, proposer, flight, k, sampling, seeds, steps, progress)()
+    return Rounds(target, proposer, flight, k, sampling, seeds, steps, progress, refill_rounds)()
 
 
 class Flight:
@@ -110,9 +111,9 @@ class Flight:
             longest = max(longest, len(prompt))
         return take
 
-    def admit(self, rows: list[int], take: list[int], at: float, round_: int) -> None:
-        """Requests `take` into `rows` at time `at`, their first round `round_`."""
-        for row, i in zip(rows, take):
+    def admit(self, rows: list[int], take: list[int], sent: list[float], round_: int) -> None:
+        """Requests `take` into `rows`, each sent at its time of `sent`, their first round `round_`."""
+        for row, i, at in zip(rows, take, sent):
             self.admitted[i], self.owner[row], self.since[row] = at, i, round_
             self.traces[i] = Trace(tokens=[], target_forwards=0)
             self.contexts[row] = list(self.prompts[i]) if self.drafting else []
@@ -152,10 +153,11 @@ class Flight:
 
 class Rounds:
     """`serve`'s loop over a `Flight`: refills, and speculative or target-only rounds, until every request is done
-    (`progress(n)`: n more answers done, once a round and once a refill)."""
+    (`progress(n)`: n more answers done, once a round and once a refill). `target.stats` counts the refills, their
+    prefills and their wall time (a refill ends with the host reading its first tokens)."""
 
     def __init__(self, target: BatchTarget, proposer, flight: Flight, k: int, sampling: Sampling, seeds: list[int],
-                 steps: int, progress=None):
+                 steps: int, progress=None, refill_rounds: float = 0.0):
         self.target, self.proposer, self.flight, self.k = target, proposer, flight, k
         self.sampling, self.seeds, self.steps, self.progress = sampling, seeds, steps, progress
         self.rows = len(flight.owner)
@@ -163,34 +165,56 @@ class Rounds:
         self.last = torch.zeros(self.rows, dtype=torch.long, device=target.device)  # each drafting row's next input
         self.looks: list = []  # target-only rounds launched and not yet read: (round, read)
         self.launched = 0  # rounds launched
-        self.refill_at = max(1, self.rows // 64)
+        self.free: list[int] = []  # rows without a request, waiting for a refill
+        self.freed_at: dict[int, float] = {}  # when each free row came free
+        self.idle = 0  # rounds the waiting rows sat idle since the last refill, summed over the rows
+        self.refill_at, self.idle_budget = max(1, self.rows // 64), refill_rounds * self.rows
 
     def __call__(self) -> list[Trace]:
         device = self.target.device
         synchronize(device)
         start = time.perf_counter()
-        self.refill(list(range(self.rows)), start)
+        self.free, self.freed_at = list(range(self.rows)), dict.fromkeys(range(self.rows), start)
+        self.refill()
         while self.flight.busy():
-            free: list[int] = []
-            now = self.verify(free) if self.flight.drafting else self.decode(free)
+            self.idle += len(self.free)
+            ended: list[int] = []
+            now = self.verify(ended) if self.flight.drafting else self.decode(ended)
             if now is not None:
-                self.done(free)
-                self.refill(free, now)
+                self.done(ended)
+                self.target.rows.release(ended)
+                self.free += ended
+                self.freed_at.update(dict.fromkeys(ended, now))
+                self.refill()
         synchronize(device)
         return self.flight.results(time.perf_counter() - start)
 
-    def refill(self, free: list[int], at: float) -> None:
-        """The next prompts into the `free` rows, which came free at time `at` (a client in a closed loop sends its
-        next request as its last answer ends): their time to first token counts from then."""
-        target, flight = self.target, self.flight
-        target.rows.release(free)
-        while free and flight.queue and (len(free) >= min(self.refill_at, len(flight.queue)) or len(free) == self.rows):
+    def refill_due(self) -> bool:
+        """Whether the free rows take the next prompts now: all rows are free, or the queue's rest fits them, or at
+        least 1/64 of the rows are free and their idle row-rounds reach the budget. A prefill costs about a step
+        whatever its rows (a small target's is launch-bound), so batching refills trades idle rows for fewer
+        prefills: waiting until the idle row-rounds reach one prefill's cost in row-rounds (`refill_rounds` x rows)
+        is the economic order quantity's rule, the least idle time plus prefill time per request."""
+        free, queued = len(self.free), len(self.flight.queue)
+        return bool(free and queued) and (free == self.rows or free >= queued
+                                          or (free >= self.refill_at and self.idle >= self.idle_budget))
+
+    def refill(self) -> None:
+        """The next prompts into the free rows, once a refill is due. A client in a closed loop sends its next request
+        as its last answer ends: a request's time to first token counts from when its row came free."""
+        target, flight, free = self.target, self.flight, self.free
+        if not self.refill_due():
+            return
+        self.idle = 0
+        target.stats["refills"] += 1
+        began = time.perf_counter()
+        while free and flight.queue:
             take = flight.next_prompts(len(free), target.prefill_limit)
             used, free[:] = free[: len(take)], free[len(take):]
             admitted, logits = target.prefill(used, [flight.prompts[i] for i in take], with_aux=self.proposer.needs_aux)
             first = target.first_tokens(used, logits, self.sampling, [self.seeds[i] for i in take])
             self.proposer.prefill(used, admitted, first)
-            flight.admit(used, take, at, self.launched)
+            flight.admit(used, take, [self.freed_at[row] for row in used], self.launched)
             if self.lagging:  # the first tokens come with the next round's (column 0)
                 continue
             if flight.drafting:
@@ -202,7 +226,8 @@ class Rounds:
             target.rows.release(done)
             self.done(done)
             free += done
-            at = now
+            self.freed_at.update(dict.fromkeys(done, now))
+        target.stats["refill_seconds"] += time.perf_counter() - began
 
     def done(self, rows: list[int]) -> None:
         if rows and self.progress is not None:
