@@ -106,24 +106,6 @@ def on_device(values, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def left_padded(prompts: list[list[int]], device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompts as one tensor [B, width] (default: the longest), each right-aligned (0 before it), and each row's
-    start slot [B]."""
-    width = width or max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-    starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
-    return on_device(ids, device), on_device(starts, device)
-
-
-def right_padded(prompt: list[int], device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One prompt as a tensor [1, width] (default: its length), 0 after it, and its start slot [1] (0)."""
-    ids = torch.zeros((1, width or len(prompt)), dtype=torch.long)
-    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    return on_device(ids, device), on_device([0], device)
-
-
 class BatchKV:
     """The static KV cache of `rows` sequences, `length` slots each, for transformers' attention layers.
 

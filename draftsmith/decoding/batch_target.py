@@ -37,11 +37,9 @@ from draftsmith.decoding.batch_kv import (
     BatchKV,
     attention_configs,
     grouped_attention,
-    left_padded,
     on_device,
     prefill_layout,
     ragged_bounds,
-    right_padded,
     row_mask,
 )
 from draftsmith.decoding.ragged_attention import require_ragged
@@ -280,16 +278,13 @@ class BatchTarget:
         return self._prefill(rows, prompts, with_aux)
 
     def _prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool):
-        width = prompt_bucket(max(len(p) for p in prompts)) if self.bucketed_prefills else None
-        if len(prompts) == 1:
-            ids, starts = right_padded(prompts[0], self.device, width)
-            last, host_starts = len(prompts[0]) - 1, [0]
-        else:
-            ids, starts = left_padded(prompts, self.device, width)
-            last = ids.shape[1] - 1
-            host_starts = [ids.shape[1] - len(p) for p in prompts]
-        width = ids.shape[1]
+        longest = max(len(p) for p in prompts)
+        width = prompt_bucket(longest) if self.bucketed_prefills else longest
         self.rows.check_width(width, "target's")
+        host_starts = [0] if len(prompts) == 1 else [width - len(p) for p in prompts]  # one alone: padded on the right
+        padded = [[0] * s + list(p) + [0] * (width - s - len(p)) for s, p in zip(host_starts, prompts)]
+        ids, starts = on_device(padded, self.device), on_device(host_starts, self.device)
+        last = host_starts[0] + len(prompts[0]) - 1  # the slot of the prompts' last position
         self.stats["prefill_tokens"] += ids.numel()
         index = on_device(rows, self.device)
         step = functools.partial(self._prefill_step, with_aux=with_aux)
