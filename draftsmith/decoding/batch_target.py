@@ -159,12 +159,6 @@ class RowBuffers:
 
         return read
 
-    def check_width(self, width: int, what: str) -> None:
-        """A clear error where a prompt of `width` slots does not fit a row."""
-        if width > self.cache.length:
-            raise ValueError(f"the {what} batched KV cache holds {self.cache.length} slots a row; a prompt of {width} "
-                             "asked for")
-
     def check(self, ahead: int, what: str) -> None:
         """A clear error where a row would write `ahead` slots past its next free one, beyond the cache."""
         if max(self.host_lengths) + ahead > self.cache.length:
@@ -264,10 +258,8 @@ class BatchTarget:
         distinct: dict[tuple, int] = {}
         which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         if len(distinct) < len(prompts):
-            lead: dict[int, int] = {}
-            for row, k in zip(rows, which):
-                lead.setdefault(k, row)
-            admitted, logits = self._prefill(list(lead.values()), [list(p) for p in distinct], with_aux)
+            lead = [rows[which.index(k)] for k in range(len(distinct))]  # each distinct prompt's first row
+            admitted, logits = self._prefill(lead, [list(p) for p in distinct], with_aux)
             followers = [(lead[k], row) for row, k in zip(rows, which) if lead[k] != row]
             self.rows.cache.copy_rows(*on_device(followers, self.device).T, admitted.ids.shape[1])
             pick = on_device(which, self.device)
@@ -280,7 +272,9 @@ class BatchTarget:
     def _prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool):
         longest = max(len(p) for p in prompts)
         width = prompt_bucket(longest) if self.bucketed_prefills else longest
-        self.rows.check_width(width, "target's")
+        if width > self.rows.cache.length:
+            raise ValueError(f"the target's batched KV cache holds {self.rows.cache.length} slots a row; a prompt of "
+                             f"{width} asked for")
         host_starts = [0] if len(prompts) == 1 else [width - len(p) for p in prompts]  # one alone: padded on the right
         padded = [[0] * s + list(p) + [0] * (width - s - len(p)) for s, p in zip(host_starts, prompts)]
         ids, starts = on_device(padded, self.device), on_device(host_starts, self.device)
