@@ -30,7 +30,6 @@ class TargetModel:
         self._keeps_logits = keeps_logits(model)
         self.static = full_attention_sdpa(model)
         self.cache: DynamicCache | None = None
-        self.length = 0  # positions in the cache
 
     def _hook(self, layer_id: int):
         def hook(_module, args, kwargs):
@@ -42,13 +41,12 @@ class TargetModel:
     def start(self, prompt_ids: list[int], with_aux: bool = False, keep: int = 1):
         """A new sequence: run the prompt. Returns the last `keep` positions' logits and, with `with_aux`, the
         prompt's auxiliary states."""
-        self.cache, self.length = DynamicCache(), 0
+        self.cache = DynamicCache()
         return self.forward(torch.tensor([prompt_ids], device=self.device), keep=keep, with_aux=with_aux)
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
         self.cache.crop(length)
-        self.length = length
 
     def forward(self, input_ids: torch.Tensor, keep: int, with_aux: bool = False):
         """Run `input_ids` [1, q] after the cached positions. Returns the logits of the last `keep` positions [keep, V]
@@ -56,7 +54,6 @@ class TargetModel:
         if with_aux and not self.aux_layer_ids:
             raise ValueError("this TargetModel was built without auxiliary layer ids")
         logits, aux = self.call(keep, with_aux, input_ids=input_ids, past_key_values=self.cache)
-        self.length += input_ids.shape[1]
         return logits[0], aux
 
     def call(self, keep: int | torch.Tensor, with_aux: bool, **model_kwargs):
