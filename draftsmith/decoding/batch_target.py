@@ -182,7 +182,7 @@ class RowBufferSet:
         buffers = self.by_rows.get(rows)
         if buffers is None or buffers.cache.length < length:
             if buffers is not None:
-                self.graphs.clear()  # they address the old cache
+                self.graphs.steps.clear()  # they address the old cache
             self.by_rows[rows] = buffers = RowBuffers(rows, length, self.device)
         return buffers
 

@@ -30,14 +30,13 @@ def prompt_buckets(longest: int) -> list[int]:
 
 
 class CapturedStep:
-    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs` (its memory from `pool` where
-    given: graphs that never run at once can share one); calling it copies new inputs (same shapes) in and replays.
-    Its outputs are static too: read or copy them before the next replay. The capture runs `fn` twice for real first
-    (WARM_UP_RUNS), so a step that advances state must count them."""
+    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs`; calling it copies new inputs (same
+    shapes) in and replays. Its outputs are static too: read or copy them before the next replay. The capture runs
+    `fn` twice for real first (WARM_UP_RUNS), so a step that advances state must count them."""
 
     WARM_UP_RUNS = 2
 
-    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor], pool=None):
+    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor]):
         self.inputs = [x.clone() for x in example_inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -46,7 +45,7 @@ class CapturedStep:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph):
             self.outputs = fn(*self.inputs)
 
     def __call__(self, *inputs: torch.Tensor):
@@ -75,9 +74,6 @@ class StepGraphs:
     def first_call_runs(self, key) -> int:
         """The runs of its function beyond the one that a call under `key` makes now: a first capture's warm-up."""
         return CapturedStep.WARM_UP_RUNS if self.enabled and key not in self.steps else 0
-
-    def clear(self) -> None:
-        self.steps.clear()
 
 
 def full_attention_sdpa(model) -> bool:
