@@ -454,7 +454,7 @@ def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragge
 
 def as_built(draft):
     """`draft` with its RMSNorms' own forward and its own rotary embedding again (undoing what the proposers apply:
-    draft_kernels.fewer_kernels)."""
+    BatchEagle3Proposer's fewer_kernels)."""
     for module in draft.modules():
         module.__dict__.pop("forward", None)
     if isinstance(draft.rotary_emb, RotaryTable):

@@ -33,7 +33,7 @@ from draftsmith.decoding.batch_kv import (
     ragged_bounds,
     row_mask,
 )
-from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels as use_fewer_kernels, use_sdpa
+from draftsmith.decoding.draft_kernels import draft_layers, fuse_rms_norms, tabulate_rotary, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.ngrams import ContextNgrams
 from draftsmith.decoding.ragged_attention import require_ragged
@@ -100,7 +100,8 @@ class BatchEagle3Proposer(Proposer):
             require_ragged(next(draft.parameters()).device)
         use_sdpa(draft)
         if fewer_kernels:
-            use_fewer_kernels(draft)
+            fuse_rms_norms(draft)
+            tabulate_rotary(draft)
         self.draft, self.ragged = draft, ragged
         self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
         self._attention = attention_configs(draft)
