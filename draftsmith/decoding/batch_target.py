@@ -44,7 +44,7 @@ from draftsmith.decoding.batch_kv import (
 )
 from draftsmith.decoding.ragged_attention import require_ragged
 from draftsmith.decoding.sampling import Sampling, choose_tokens
-from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket, prompt_buckets
+from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket
 from draftsmith.decoding.target import TargetModel
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,8 @@ class RowBufferSet:
 def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int]:
     """The padded widths a warm-up captures one row's prefill at: every bucket of a prompt up to `longest_prompt`
     tokens that a cache of `length` slots holds and that is replayed (none without a longest prompt)."""
-    return [b for b in prompt_buckets(longest_prompt) if b <= min(PREFILL_GRAPH_WIDTH, length)] if longest_prompt else []
+    buckets = {prompt_bucket(n) for n in range(1, (longest_prompt or 0) + 1)}
+    return sorted(b for b in buckets if b <= min(PREFILL_GRAPH_WIDTH, length))
 
 
 class BatchTarget:

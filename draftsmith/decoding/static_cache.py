@@ -24,11 +24,6 @@ def prompt_bucket(length: int, smallest: int = 16) -> int:
     return max(smallest, 1 << (length - 1).bit_length())
 
 
-def prompt_buckets(longest: int) -> list[int]:
-    """Every bucket a prompt of 1..`longest` tokens is padded to, ascending (what a warm-up captures)."""
-    return sorted({prompt_bucket(n) for n in range(1, longest + 1)})
-
-
 class CapturedStep:
     """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs`; calling it copies new inputs (same
     shapes) in and replays. Its outputs are static too: read or copy them before the next replay. The capture runs
