@@ -146,9 +146,8 @@ class RowBuffers:
         copy needs a contiguous target); call the result for its first `columns` as lists (waiting for the copy)."""
         host = self._looks[0]
         self._looks.reverse()
-        cuda = self.out.device.type == "cuda"
-        host.copy_(self.out, non_blocking=cuda)
-        event = torch.cuda.Event() if cuda else None
+        host.copy_(self.out, non_blocking=True)  # on a CPU a plain copy
+        event = torch.cuda.Event() if self.out.is_cuda else None
         if event is not None:
             event.record()
 
