@@ -10,7 +10,6 @@ step functions run eagerly on the CPU, so the tests check the captured code's ar
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
@@ -78,8 +77,3 @@ def full_attention_sdpa(model) -> bool:
     return (getattr(model.config, "_attn_implementation", None) == "sdpa"
             and not getattr(config, "sliding_window", None)
             and "sliding_attention" not in (getattr(config, "layer_types", None) or []))
-
-
-def keeps_logits(model) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (then a step computes only the logits it reads)."""
-    return "logits_to_keep" in inspect.signature(model.forward).parameters

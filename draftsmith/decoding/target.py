@@ -5,10 +5,12 @@ the reference loops (draftsmith.decoding.reference) over transformers' DynamicCa
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
-from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
+from draftsmith.decoding.static_cache import full_attention_sdpa
 from draftsmith.target_model.layers import find_decoder
 
 
@@ -27,7 +29,8 @@ class TargetModel:
         decoder = find_decoder(model) if self.aux_layer_ids else None  # a target without hooks may have any layout
         for layer_id in self.aux_layer_ids:
             decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
-        self._keeps_logits = keeps_logits(model)
+        # whether the forward takes `logits_to_keep` (then a step computes only the logits it reads)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.static = full_attention_sdpa(model)
         self.cache: DynamicCache | None = None
 
