@@ -84,12 +84,10 @@ class RowBuffers:
             torch.zeros(rows, dtype=torch.long, device=device) for _ in range(5))
         self.active = torch.zeros(rows, dtype=torch.bool, device=device)
         self.stops = torch.full((MAX_STOP_IDS,), -1, dtype=torch.long, device=device)
-        self.limit = torch.zeros(1, dtype=torch.long, device=device)
+        self.limit, self.step = (torch.zeros(1, dtype=torch.long, device=device) for _ in range(2))
         self.out = torch.zeros((rows, MAX_ROUND_STEPS + CapturedStep.WARM_UP_RUNS + 1), dtype=torch.long, device=device)
-        self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
-        pinned = device.type == "cuda"
-        self._looks = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._looks = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=self.out.is_cuda) for _ in range(2)]
 
     def clear(self) -> None:
         """Every row without a request: starting at slot 0, its next free slot 0."""
