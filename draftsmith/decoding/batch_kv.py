@@ -25,9 +25,7 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
     kv = key.shape[1]
     group = heads // kv
     query = query.reshape(b, kv, group * q, d)
-    mask = attention_mask
-    if mask is not None:
-        mask = mask[:, :, None].expand(b, mask.shape[1], group, q, mask.shape[-1]).reshape(b, -1, group * q, mask.shape[-1])
+    mask = None if attention_mask is None else attention_mask[:, :, None].expand(-1, -1, group, -1, -1).flatten(2, 3)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                                            scale=scaling)
     return out.view(b, kv, group, q, d).reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
