@@ -329,7 +329,7 @@ class BatchTarget:
         """One token for every row (what a graph captures); a row without a request (`RowBuffers.release`) stays at
         slot 0."""
         rows = self.rows
-        logits, _ = self._step(rows.tokens[:, None], 1, False)
+        logits, _ = self._step(rows.tokens[:, None], False)
         chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
         rows.out.index_copy_(1, rows.step, chosen[:, None])
         rows.step += 1
@@ -349,24 +349,23 @@ class BatchTarget:
             self._choose_fn = choose_tokens
             return choose_tokens(logits, sampling, seeds, steps)
 
-    def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
+    def forward(self, input_ids: torch.Tensor, with_aux: bool = False):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
-        row by what it keeps: `advance`), each attending to its row's slots up to its own. Returns the last `keep`
-        (default q) positions' logits [B, keep, V] and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed
-        step's outputs are overwritten by its next replay."""
+        row by what it keeps: `advance`), each attending to its row's slots up to its own. Returns the logits [B, q, V]
+        and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed step's outputs are overwritten by its next
+        replay."""
         rows, q = input_ids.shape
         self.rows.check(q, "target's")
-        keep = keep or q
-        step = functools.partial(self._step, keep=keep, with_aux=with_aux)
+        step = functools.partial(self._step, with_aux=with_aux)
         if q > self.MAX_GRAPH_WIDTH:
             return step(input_ids)
-        return self.buffers.graphs.run((rows, q, keep, with_aux), step, input_ids)
+        return self.buffers.graphs.run((rows, q, with_aux), step, input_ids)
 
     def advance(self, counts: list[int]) -> None:
         """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
         self.rows.advance(counts)
 
-    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+    def _step(self, input_ids: torch.Tensor, with_aux: bool):
         """`input_ids` [B, q] at each row's next slots, attending to the whole cache through the rows' masks, or
         (`ragged`) the Triton kernel over each row's own slots, its first slot and the first query's passed for a
         mask."""
@@ -378,7 +377,7 @@ class BatchTarget:
         else:
             mask, attention = row_mask(slots, rows.starts, rows.cache.length), GROUPED_SDPA
         with rows.cache.writing(write_slots=slots) as cache, grouped_attention(self._attention, attention):
-            return self.target.call(keep, with_aux, input_ids=input_ids, attention_mask=mask,
+            return self.target.call(input_ids.shape[1], with_aux, input_ids=input_ids, attention_mask=mask,
                                     position_ids=(slots - rows.starts[:, None]).clamp(min=0),
                                     cache_position=slots[0], past_key_values=cache)
 
