@@ -164,9 +164,12 @@ class RowBuffers:
 
 
 class RowBufferSet:
-    """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
+    """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow). It refuses,
+    at construction, steps that cannot run on `device`: attention through the ragged kernel, CUDA graphs."""
 
-    def __init__(self, cuda_graphs: bool, device, capture_prefills: bool = True):
+    def __init__(self, cuda_graphs: bool, device, capture_prefills: bool = True, ragged: bool = False):
+        if ragged:
+            require_ragged(device)
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
         self.graphs = StepGraphs(cuda_graphs)
@@ -217,11 +220,9 @@ class BatchTarget:
             raise ValueError("the engine needs a full-attention SDPA target (its masks are built here)")
         if prefill_limit < 1:
             raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
-        if ragged:
-            require_ragged(target.device)
         self.target = target
         self.device = target.device
-        self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills)
+        self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills, ragged=ragged)
         self.ragged, self.prefill_limit = ragged, prefill_limit
         self._choose_fn = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         self._attention = attention_configs(target.model)

@@ -36,7 +36,6 @@ from draftsmith.decoding.batch_kv import (
 from draftsmith.decoding.draft_kernels import draft_layers, fuse_rms_norms, tabulate_rotary, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.ngrams import ContextNgrams
-from draftsmith.decoding.ragged_attention import require_ragged
 
 
 class Proposer:
@@ -96,14 +95,12 @@ class BatchEagle3Proposer(Proposer):
     needs_aux = True
 
     def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True, ragged: bool = False):
-        if ragged:
-            require_ragged(next(draft.parameters()).device)
+        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device, ragged=ragged)
         use_sdpa(draft)
         if fewer_kernels:
             fuse_rms_norms(draft)
             tabulate_rotary(draft)
         self.draft, self.ragged = draft, ragged
-        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
         self._attention = attention_configs(draft)
 
     def reserve(self, rows: int, length: int) -> None:
