@@ -309,7 +309,7 @@ def test_steps_over_a_cache_mostly_empty_decode_as_the_reference_does(tiny):
         assert (a.tokens, a.accepted) == (b.tokens, b.accepted) and a.tokens == greedy.tokens
         assert len(greedy.tokens) == MAX_NEW
     steps = {key for key in target.buffers.graphs.steps if key[0] != "prefill"}
-    assert steps == {("decode", 1, Sampling()), (1, 4, 4, True)}  # greedy's step, a verification: at any length
+    assert steps == {("decode", 1, Sampling()), (1, 4, True)}  # greedy's step, a verification: at any length
     assert target.rows.cache.length == 1024
 
 
@@ -341,7 +341,7 @@ def test_the_warm_up_captures_every_step_shape_the_timed_loops_use(tiny):
     captured = (set(target.buffers.graphs.steps), set(proposer.buffers.graphs.steps))
     buckets = {prompt_bucket(n) for n in range(1, longest + 1)}
     assert 16 in buckets and prompt_bucket(longest) >= longest and len(buckets) <= 4
-    assert captured == ({(1, q, q, aux) for q in range(1, 5) for aux in (False, True)}
+    assert captured == ({(1, q, aux) for q in range(1, 5) for aux in (False, True)}
                         | {("decode", 1, Sampling())}  # target-only greedy's step
                         | {("prefill", 1, 1, b, aux) for b in buckets for aux in (False, True)},
                         {(1, n, chain) for n in range(1, 5) for chain in (3, 0)}
@@ -454,7 +454,7 @@ def test_regenerate_decoder_cuda_graph_replay_gives_the_eager_tokens(tiny, ragge
 
 def as_built(draft):
     """`draft` with its RMSNorms' own forward and its own rotary embedding again (undoing what the proposers apply:
-    draft_kernels.fewer_kernels)."""
+    BatchEagle3Proposer's fewer_kernels)."""
     for module in draft.modules():
         module.__dict__.pop("forward", None)
     if isinstance(draft.rotary_emb, RotaryTable):

@@ -25,9 +25,7 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
     kv = key.shape[1]
     group = heads // kv
     query = query.reshape(b, kv, group * q, d)
-    mask = attention_mask
-    if mask is not None:
-        mask = mask[:, :, None].expand(b, mask.shape[1], group, q, mask.shape[-1]).reshape(b, -1, group * q, mask.shape[-1])
+    mask = None if attention_mask is None else attention_mask[:, :, None].expand(-1, -1, group, -1, -1).flatten(2, 3)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                                            scale=scaling)
     return out.view(b, kv, group, q, d).reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
@@ -104,24 +102,6 @@ def on_device(values, device: torch.device) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
-
-
-def left_padded(prompts: list[list[int]], device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompts as one tensor [B, width] (default: the longest), each right-aligned (0 before it), and each row's
-    start slot [B]."""
-    width = width or max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-    starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
-    return on_device(ids, device), on_device(starts, device)
-
-
-def right_padded(prompt: list[int], device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One prompt as a tensor [1, width] (default: its length), 0 after it, and its start slot [1] (0)."""
-    ids = torch.zeros((1, width or len(prompt)), dtype=torch.long)
-    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    return on_device(ids, device), on_device([0], device)
 
 
 class BatchKV:

@@ -37,16 +37,14 @@ from draftsmith.decoding.batch_kv import (
     BatchKV,
     attention_configs,
     grouped_attention,
-    left_padded,
     on_device,
     prefill_layout,
     ragged_bounds,
-    right_padded,
     row_mask,
 )
 from draftsmith.decoding.ragged_attention import require_ragged
 from draftsmith.decoding.sampling import Sampling, choose_tokens
-from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket, prompt_buckets
+from draftsmith.decoding.static_cache import CapturedStep, StepGraphs, prompt_bucket
 from draftsmith.decoding.target import TargetModel
 
 log = logging.getLogger(__name__)
@@ -86,12 +84,10 @@ class RowBuffers:
             torch.zeros(rows, dtype=torch.long, device=device) for _ in range(5))
         self.active = torch.zeros(rows, dtype=torch.bool, device=device)
         self.stops = torch.full((MAX_STOP_IDS,), -1, dtype=torch.long, device=device)
-        self.limit = torch.zeros(1, dtype=torch.long, device=device)
+        self.limit, self.step = (torch.zeros(1, dtype=torch.long, device=device) for _ in range(2))
         self.out = torch.zeros((rows, MAX_ROUND_STEPS + CapturedStep.WARM_UP_RUNS + 1), dtype=torch.long, device=device)
-        self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.host_lengths, self.host_starts, self.host_active = [0] * rows, [0] * rows, [False] * rows
-        pinned = device.type == "cuda"
-        self._looks = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._looks = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=self.out.is_cuda) for _ in range(2)]
 
     def clear(self) -> None:
         """Every row without a request: starting at slot 0, its next free slot 0."""
@@ -148,9 +144,8 @@ class RowBuffers:
         copy needs a contiguous target); call the result for its first `columns` as lists (waiting for the copy)."""
         host = self._looks[0]
         self._looks.reverse()
-        cuda = self.out.device.type == "cuda"
-        host.copy_(self.out, non_blocking=cuda)
-        event = torch.cuda.Event() if cuda else None
+        host.copy_(self.out, non_blocking=True)  # on a CPU a plain copy
+        event = torch.cuda.Event() if self.out.is_cuda else None
         if event is not None:
             event.record()
 
@@ -161,12 +156,6 @@ class RowBuffers:
 
         return read
 
-    def check_width(self, width: int, what: str) -> None:
-        """A clear error where a prompt of `width` slots does not fit a row."""
-        if width > self.cache.length:
-            raise ValueError(f"the {what} batched KV cache holds {self.cache.length} slots a row; a prompt of {width} "
-                             "asked for")
-
     def check(self, ahead: int, what: str) -> None:
         """A clear error where a row would write `ahead` slots past its next free one, beyond the cache."""
         if max(self.host_lengths) + ahead > self.cache.length:
@@ -175,9 +164,12 @@ class RowBuffers:
 
 
 class RowBufferSet:
-    """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow)."""
+    """`RowBuffers` per row count, and the CUDA graphs captured on them (dropped when a cache must grow). It refuses,
+    at construction, steps that cannot run on `device`: attention through the ragged kernel, CUDA graphs."""
 
-    def __init__(self, cuda_graphs: bool, device, capture_prefills: bool = True):
+    def __init__(self, cuda_graphs: bool, device, capture_prefills: bool = True, ragged: bool = False):
+        if ragged:
+            require_ragged(device)
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (here {device.type})")
         self.graphs = StepGraphs(cuda_graphs)
@@ -190,7 +182,7 @@ class RowBufferSet:
         buffers = self.by_rows.get(rows)
         if buffers is None or buffers.cache.length < length:
             if buffers is not None:
-                self.graphs.clear()  # they address the old cache
+                self.graphs.steps.clear()  # they address the old cache
             self.by_rows[rows] = buffers = RowBuffers(rows, length, self.device)
         return buffers
 
@@ -207,7 +199,8 @@ class RowBufferSet:
 def captured_prefill_widths(longest_prompt: int | None, length: int) -> list[int]:
     """The padded widths a warm-up captures one row's prefill at: every bucket of a prompt up to `longest_prompt`
     tokens that a cache of `length` slots holds and that is replayed (none without a longest prompt)."""
-    return [b for b in prompt_buckets(longest_prompt) if b <= min(PREFILL_GRAPH_WIDTH, length)] if longest_prompt else []
+    buckets = {prompt_bucket(n) for n in range(1, (longest_prompt or 0) + 1)}
+    return sorted(b for b in buckets if b <= min(PREFILL_GRAPH_WIDTH, length))
 
 
 class BatchTarget:
@@ -227,11 +220,9 @@ class BatchTarget:
             raise ValueError("the engine needs a full-attention SDPA target (its masks are built here)")
         if prefill_limit < 1:
             raise ValueError(f"prefill_limit must be >= 1, got {prefill_limit}")
-        if ragged:
-            require_ragged(target.device)
         self.target = target
         self.device = target.device
-        self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills)
+        self.buffers = RowBufferSet(cuda_graphs, self.device, capture_prefills=capture_prefills, ragged=ragged)
         self.ragged, self.prefill_limit = ragged, prefill_limit
         self._choose_fn = torch.compile(choose_tokens, dynamic=False) if compile_sampler else choose_tokens
         self._attention = attention_configs(target.model)
@@ -266,10 +257,8 @@ class BatchTarget:
         distinct: dict[tuple, int] = {}
         which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         if len(distinct) < len(prompts):
-            lead: dict[int, int] = {}
-            for row, k in zip(rows, which):
-                lead.setdefault(k, row)
-            admitted, logits = self._prefill(list(lead.values()), [list(p) for p in distinct], with_aux)
+            lead = [rows[which.index(k)] for k in range(len(distinct))]  # each distinct prompt's first row
+            admitted, logits = self._prefill(lead, [list(p) for p in distinct], with_aux)
             followers = [(lead[k], row) for row, k in zip(rows, which) if lead[k] != row]
             self.rows.cache.copy_rows(*on_device(followers, self.device).T, admitted.ids.shape[1])
             pick = on_device(which, self.device)
@@ -280,16 +269,15 @@ class BatchTarget:
         return self._prefill(rows, prompts, with_aux)
 
     def _prefill(self, rows: list[int], prompts: list[list[int]], with_aux: bool):
-        width = prompt_bucket(max(len(p) for p in prompts)) if self.bucketed_prefills else None
-        if len(prompts) == 1:
-            ids, starts = right_padded(prompts[0], self.device, width)
-            last, host_starts = len(prompts[0]) - 1, [0]
-        else:
-            ids, starts = left_padded(prompts, self.device, width)
-            last = ids.shape[1] - 1
-            host_starts = [ids.shape[1] - len(p) for p in prompts]
-        width = ids.shape[1]
-        self.rows.check_width(width, "target's")
+        longest = max(len(p) for p in prompts)
+        width = prompt_bucket(longest) if self.bucketed_prefills else longest
+        if width > self.rows.cache.length:
+            raise ValueError(f"the target's batched KV cache holds {self.rows.cache.length} slots a row; a prompt of "
+                             f"{width} asked for")
+        host_starts = [0] if len(prompts) == 1 else [width - len(p) for p in prompts]  # one alone: padded on the right
+        padded = [[0] * s + list(p) + [0] * (width - s - len(p)) for s, p in zip(host_starts, prompts)]
+        ids, starts = on_device(padded, self.device), on_device(host_starts, self.device)
+        last = host_starts[0] + len(prompts[0]) - 1  # the slot of the prompts' last position
         self.stats["prefill_tokens"] += ids.numel()
         index = on_device(rows, self.device)
         step = functools.partial(self._prefill_step, with_aux=with_aux)
@@ -342,7 +330,7 @@ class BatchTarget:
         """One token for every row (what a graph captures); a row without a request (`RowBuffers.release`) stays at
         slot 0."""
         rows = self.rows
-        logits, _ = self._step(rows.tokens[:, None], 1, False)
+        logits, _ = self._step(rows.tokens[:, None], False)
         chosen = self._choose(logits[:, -1], sampling, rows.seeds, rows.generated)
         rows.out.index_copy_(1, rows.step, chosen[:, None])
         rows.step += 1
@@ -362,24 +350,23 @@ class BatchTarget:
             self._choose_fn = choose_tokens
             return choose_tokens(logits, sampling, seeds, steps)
 
-    def forward(self, input_ids: torch.Tensor, with_aux: bool = False, keep: int | None = None):
+    def forward(self, input_ids: torch.Tensor, with_aux: bool = False):
         """Run `input_ids` [B, q], row r's at its slots lengths[r]..lengths[r]+q-1 (the caller then advances each
-        row by what it keeps: `advance`), each attending to its row's slots up to its own. Returns the last `keep`
-        (default q) positions' logits [B, keep, V] and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed
-        step's outputs are overwritten by its next replay."""
+        row by what it keeps: `advance`), each attending to its row's slots up to its own. Returns the logits [B, q, V]
+        and, with `with_aux`, the auxiliary states [B, q, 3H]; a replayed step's outputs are overwritten by its next
+        replay."""
         rows, q = input_ids.shape
         self.rows.check(q, "target's")
-        keep = keep or q
-        step = functools.partial(self._step, keep=keep, with_aux=with_aux)
+        step = functools.partial(self._step, with_aux=with_aux)
         if q > self.MAX_GRAPH_WIDTH:
             return step(input_ids)
-        return self.buffers.graphs.run((rows, q, keep, with_aux), step, input_ids)
+        return self.buffers.graphs.run((rows, q, with_aux), step, input_ids)
 
     def advance(self, counts: list[int]) -> None:
         """Each row's write slot `counts[row]` on (what it kept of the last forward)."""
         self.rows.advance(counts)
 
-    def _step(self, input_ids: torch.Tensor, keep: int, with_aux: bool):
+    def _step(self, input_ids: torch.Tensor, with_aux: bool):
         """`input_ids` [B, q] at each row's next slots, attending to the whole cache through the rows' masks, or
         (`ragged`) the Triton kernel over each row's own slots, its first slot and the first query's passed for a
         mask."""
@@ -391,7 +378,7 @@ class BatchTarget:
         else:
             mask, attention = row_mask(slots, rows.starts, rows.cache.length), GROUPED_SDPA
         with rows.cache.writing(write_slots=slots) as cache, grouped_attention(self._attention, attention):
-            return self.target.call(keep, with_aux, input_ids=input_ids, attention_mask=mask,
+            return self.target.call(input_ids.shape[1], with_aux, input_ids=input_ids, attention_mask=mask,
                                     position_ids=(slots - rows.starts[:, None]).clamp(min=0),
                                     cache_position=slots[0], past_key_values=cache)
 

@@ -78,12 +78,6 @@ def tabulate_rotary(draft: torch.nn.Module) -> bool:
     return True
 
 
-def fewer_kernels(draft: torch.nn.Module) -> None:
-    """The draft as the benchmark's proposers decode with it: fused norms, a rotary table."""
-    fuse_rms_norms(draft)
-    tabulate_rotary(draft)
-
-
 def use_sdpa(draft) -> None:
     """Decode with SDPA and a KV cache; the checkpoint's layer config asks for speculators' FlexAttention (training)."""
     draft.config.transformer_layer_config._attn_implementation = "sdpa"

@@ -33,10 +33,9 @@ from draftsmith.decoding.batch_kv import (
     ragged_bounds,
     row_mask,
 )
-from draftsmith.decoding.draft_kernels import draft_layers, fewer_kernels as use_fewer_kernels, use_sdpa
+from draftsmith.decoding.draft_kernels import draft_layers, fuse_rms_norms, tabulate_rotary, use_sdpa
 from draftsmith.decoding.batch_target import AdmittedPrompts, RowBufferSet, captured_prefill_widths
 from draftsmith.decoding.ngrams import ContextNgrams
-from draftsmith.decoding.ragged_attention import require_ragged
 
 
 class Proposer:
@@ -96,13 +95,12 @@ class BatchEagle3Proposer(Proposer):
     needs_aux = True
 
     def __init__(self, draft, cuda_graphs: bool = False, fewer_kernels: bool = True, ragged: bool = False):
-        if ragged:
-            require_ragged(next(draft.parameters()).device)
+        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device, ragged=ragged)
         use_sdpa(draft)
         if fewer_kernels:
-            use_fewer_kernels(draft)
+            fuse_rms_norms(draft)
+            tabulate_rotary(draft)
         self.draft, self.ragged = draft, ragged
-        self.buffers = RowBufferSet(cuda_graphs, next(draft.parameters()).device)
         self._attention = attention_configs(draft)
 
     def reserve(self, rows: int, length: int) -> None:
@@ -113,9 +111,13 @@ class BatchEagle3Proposer(Proposer):
         """`rows` rows of at least `length` slots, none holding a request yet."""
         self.reserve(rows, length)
         self.rows.clear()
+        self.accept(*self._zeros(rows, 1), [0] * rows)
+
+    def _zeros(self, rows: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero inputs of `rows` rows, n positions each: tokens [rows, n] and the target's states [rows, n, 3H]."""
         fc = self.draft.fc
-        self.accept(torch.zeros((rows, 1), dtype=torch.long, device=fc.weight.device),
-                    torch.zeros((rows, 1, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device), [0] * rows)
+        return (torch.zeros((rows, n), dtype=torch.long, device=fc.weight.device),
+                torch.zeros((rows, n, fc.in_features), dtype=fc.weight.dtype, device=fc.weight.device))
 
     def prefill(self, rows: list[int], prompts: AdmittedPrompts, first: torch.Tensor) -> None:
         """New requests in `rows` (the target's prefill: its padded prompts and their first generated tokens [R]): the
@@ -164,12 +166,11 @@ class BatchEagle3Proposer(Proposer):
         """A chain of `chain` (default k) drafts per row [B, chain] (target vocabulary), and that count for every row; a
         chain of 0 only feeds the cache the newly verified inputs (a round whose drafts come from elsewhere)."""
         chain = k if chain is None else chain
-        tokens, aux, counts = self.pending_tokens, self.pending_aux, self.counts
-        rows, n = tokens.shape
+        rows, n = self.pending_tokens.shape
         self.rows.check(n + k, "draft's")
         # n: 1 after `begin`, else the last verification's k + 1 (a prompt's inputs come in through `prefill`)
-        drafted = self.buffers.graphs.run((rows, n, chain), functools.partial(self._round, k=chain), tokens, aux,
-                                          counts)
+        drafted = self.buffers.graphs.run((rows, n, chain), functools.partial(self._round, k=chain),
+                                          self.pending_tokens, self.pending_aux, self.counts)
         self.rows.advance(self.host_counts)
         return drafted, [chain] * rows
 
@@ -204,18 +205,14 @@ class BatchEagle3Proposer(Proposer):
         at every bucket up to its (see BatchTarget.capture)."""
         if not self.buffers.graphs.enabled:
             return
-        fc = self.draft.fc
-        device = fc.weight.device
-        tokens = torch.zeros((rows, k + 1), dtype=torch.long, device=device)
-        aux = torch.zeros((rows, k + 1, fc.in_features), dtype=fc.weight.dtype, device=device)
+        tokens, aux = self._zeros(rows, k + 1)
         self.rows.clear()
         for n in range(1, k + 2):  # 1 after `begin`; after a verification of m drafts m + 1 (the hybrid's m can be < k)
             for chain in (k, 0):  # 0: the hybrid's rounds where every row takes prompt lookup's drafts
                 self.accept(tokens[:, :n], aux[:, :n], [n] * rows)
                 self.propose([], k, chain)
         for bucket in captured_prefill_widths(longest_prompt, self.rows.cache.length):
-            ids = torch.zeros((1, bucket), dtype=torch.long, device=device)
-            states = torch.zeros((1, bucket, fc.in_features), dtype=fc.weight.dtype, device=device)
+            ids, states = self._zeros(1, bucket)
             self.prefill([0], AdmittedPrompts(ids, ids[:, 0], bucket - 1, states), ids[:, 0])
         self.rows.clear()
 

@@ -140,8 +140,7 @@ def ragged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     group = heads // kv_heads
     out = torch.empty((rows, queries, heads, dim), dtype=query.dtype, device=query.device)
     _kernel()[(rows, kv_heads)](
-        query, key, value, out, bounds, scale, query.stride(0), query.stride(1), query.stride(2), key.stride(0),
-        key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(1),
-        out.stride(2), GROUP=group, QUERIES=queries, ROWS_TILE=tile(group * queries), D=dim, D_TILE=tile(dim),
+        query, key, value, out, bounds, scale, *query.stride()[:3], *key.stride()[:3], *value.stride()[:3],
+        *out.stride()[:3], GROUP=group, QUERIES=queries, ROWS_TILE=tile(group * queries), D=dim, D_TILE=tile(dim),
         BLOCK=block, num_warps=warps)
     return out

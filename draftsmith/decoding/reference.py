@@ -24,7 +24,7 @@ import torch
 from draftsmith.decoding.batch_target import AdmittedPrompts
 from draftsmith.decoding.engine_proposers import NoDrafts
 from draftsmith.decoding.target import TargetModel
-from draftsmith.decoding.trace import Trace, answer_done, cut_output, synchronize
+from draftsmith.decoding.trace import Trace, cut_output, synchronize
 
 
 def greedy_decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> Trace:
@@ -43,15 +43,14 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
     start = time.perf_counter()
     logits, aux = target.start(prompt_ids, with_aux=proposer.needs_aux)
     last = logits[-1].argmax().view(1)
-    tokens = [int(last)]
+    tokens = new = [int(last)]
     trace = Trace(tokens=tokens, target_forwards=1, first_token_seconds=time.perf_counter() - start)
     context = list(prompt_ids) + tokens  # host copy for n-gram lookup
     proposer.begin(1, len(prompt_ids) + max_new_tokens + k + 1)
     ids = torch.tensor([prompt_ids], device=device)
     proposer.prefill([0], AdmittedPrompts(ids, torch.zeros(1, dtype=torch.long, device=device), len(prompt_ids) - 1,
                                           aux), last)
-    done = answer_done(tokens, tokens, max_new_tokens, stop_ids)
-    while not done:
+    while len(tokens) < max_new_tokens and not any(t in stop_ids for t in new):  # the stopping rule (cut_output)
         draft, proposed = proposer.propose([context], k)
         m = int(draft.shape[1])
         inputs = torch.cat([last[None], draft], dim=1) if m else last[None]
@@ -71,7 +70,6 @@ def speculative_decode(target: TargetModel, proposer, prompt_ids: list[int], k: 
         target.rewind(len(prompt_ids) + len(tokens) - 1)  # keep everything but the bonus token
         last = verified[accepted : accepted + 1]
         proposer.accept(verified[None], aux, [accepted + 1])
-        done = answer_done(tokens, new, max_new_tokens, stop_ids)
     synchronize(device)
     trace.seconds = time.perf_counter() - start
     trace.tokens = cut_output(tokens, max_new_tokens, stop_ids)

@@ -10,7 +10,6 @@ step functions run eagerly on the CPU, so the tests check the captured code's ar
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
@@ -24,20 +23,14 @@ def prompt_bucket(length: int, smallest: int = 16) -> int:
     return max(smallest, 1 << (length - 1).bit_length())
 
 
-def prompt_buckets(longest: int) -> list[int]:
-    """Every bucket a prompt of 1..`longest` tokens is padded to, ascending (what a warm-up captures)."""
-    return sorted({prompt_bucket(n) for n in range(1, longest + 1)})
-
-
 class CapturedStep:
-    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs` (its memory from `pool` where
-    given: graphs that never run at once can share one); calling it copies new inputs (same shapes) in and replays.
-    Its outputs are static too: read or copy them before the next replay. The capture runs `fn` twice for real first
-    (WARM_UP_RUNS), so a step that advances state must count them."""
+    """`fn(*inputs)` captured as a CUDA graph on static copies of `example_inputs`; calling it copies new inputs (same
+    shapes) in and replays. Its outputs are static too: read or copy them before the next replay. The capture runs
+    `fn` twice for real first (WARM_UP_RUNS), so a step that advances state must count them."""
 
     WARM_UP_RUNS = 2
 
-    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor], pool=None):
+    def __init__(self, fn: Callable, example_inputs: list[torch.Tensor]):
         self.inputs = [x.clone() for x in example_inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -46,7 +39,7 @@ class CapturedStep:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph):
             self.outputs = fn(*self.inputs)
 
     def __call__(self, *inputs: torch.Tensor):
@@ -76,9 +69,6 @@ class StepGraphs:
         """The runs of its function beyond the one that a call under `key` makes now: a first capture's warm-up."""
         return CapturedStep.WARM_UP_RUNS if self.enabled and key not in self.steps else 0
 
-    def clear(self) -> None:
-        self.steps.clear()
-
 
 def full_attention_sdpa(model) -> bool:
     """Whether every layer attends to the whole prefix through SDPA: then draftsmith builds the masks itself
@@ -87,8 +77,3 @@ def full_attention_sdpa(model) -> bool:
     return (getattr(model.config, "_attn_implementation", None) == "sdpa"
             and not getattr(config, "sliding_window", None)
             and "sliding_attention" not in (getattr(config, "layer_types", None) or []))
-
-
-def keeps_logits(model) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (then a step computes only the logits it reads)."""
-    return "logits_to_keep" in inspect.signature(model.forward).parameters

@@ -5,10 +5,12 @@ the reference loops (draftsmith.decoding.reference) over transformers' DynamicCa
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
-from draftsmith.decoding.static_cache import full_attention_sdpa, keeps_logits
+from draftsmith.decoding.static_cache import full_attention_sdpa
 from draftsmith.target_model.layers import find_decoder
 
 
@@ -27,10 +29,10 @@ class TargetModel:
         decoder = find_decoder(model) if self.aux_layer_ids else None  # a target without hooks may have any layout
         for layer_id in self.aux_layer_ids:
             decoder.layers[layer_id].register_forward_pre_hook(self._hook(layer_id), with_kwargs=True)
-        self._keeps_logits = keeps_logits(model)
+        # whether the forward takes `logits_to_keep` (then a step computes only the logits it reads)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.static = full_attention_sdpa(model)
         self.cache: DynamicCache | None = None
-        self.length = 0  # positions in the cache
 
     def _hook(self, layer_id: int):
         def hook(_module, args, kwargs):
@@ -42,13 +44,12 @@ class TargetModel:
     def start(self, prompt_ids: list[int], with_aux: bool = False, keep: int = 1):
         """A new sequence: run the prompt. Returns the last `keep` positions' logits and, with `with_aux`, the
         prompt's auxiliary states."""
-        self.cache, self.length = DynamicCache(), 0
+        self.cache = DynamicCache()
         return self.forward(torch.tensor([prompt_ids], device=self.device), keep=keep, with_aux=with_aux)
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
         self.cache.crop(length)
-        self.length = length
 
     def forward(self, input_ids: torch.Tensor, keep: int, with_aux: bool = False):
         """Run `input_ids` [1, q] after the cached positions. Returns the logits of the last `keep` positions [keep, V]
@@ -56,7 +57,6 @@ class TargetModel:
         if with_aux and not self.aux_layer_ids:
             raise ValueError("this TargetModel was built without auxiliary layer ids")
         logits, aux = self.call(keep, with_aux, input_ids=input_ids, past_key_values=self.cache)
-        self.length += input_ids.shape[1]
         return logits[0], aux
 
     def call(self, keep: int | torch.Tensor, with_aux: bool, **model_kwargs):

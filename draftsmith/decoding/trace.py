@@ -35,11 +35,6 @@ def cut_output(tokens: list[int], max_new_tokens: int, stop_ids: set[int]) -> li
     return tokens[:max_new_tokens]
 
 
-def answer_done(tokens: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> bool:
-    """Whether an answer of `tokens` is over once `new` (its latest tokens) are added: the stopping rule."""
-    return len(tokens) >= max_new_tokens or any(t in stop_ids for t in new)
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
