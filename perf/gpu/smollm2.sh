@@ -12,6 +12,11 @@
 #   ONLINE_PERF=1: then (before THEN_TARGETS) `python -m perf online_training` on the run (online vs offline hidden
 #   states, loaded ahead or serially, training.compile attention vs forward; ONLINE_PERF_RUNS picks the runs, the
 #   shards are extracted first only where one is offline; ONLINE_PERF_FRACTION trains on that fraction), in $OUT.
+#   ANSWERS_OUT=1: at the end (UNTIL=regenerate too), the regenerated answers packed into $OUT
+#   (`python -m perf carried_answers pack`: answers.tar.xz.part_* of ANSWERS_PART_MIB MiB (15) and answers.sha256,
+#   in the room the run's own files leave of $OUT's 8; ANSWERS_DATASETS="a,b": only those);
+#   ANSWERS_IN="dir ...": before the run, the carried folders of such parts (e.g. ".gpu_answers1 .gpu_answers2")
+#   unpacked into /tmp/answers, their datasets (source local) in /tmp/answers.yaml, the last config file.
 # The workflow's own priorities order the jobs (the target-written data first, the first variant benchmarked first).
 source "$(dirname "$0")/common.sh"
 setup
@@ -21,6 +26,10 @@ overlay=/tmp/smollm2-overlay.yaml
 printf 'benchmark:\n  mt_bench:\n    per_category: %s\n' "${PER_CATEGORY:-10}" > "$overlay"
 [ -z "${MAX_NEW_TOKENS:-}" ] || printf '  max_new_tokens: %s\n' "$MAX_NEW_TOKENS" >> "$overlay"
 configs="config/gpu-smollm2.yaml $overlay ${EXTRA_CONFIG:-}"
+if [ -n "${ANSWERS_IN:-}" ]; then  # another session's answers: the overlay lists datasets, so it goes last
+  python3 -m perf carried_answers unpack $ANSWERS_IN --into /tmp/answers --overlay /tmp/answers.yaml --configs $configs
+  configs="$configs /tmp/answers.yaml"
+fi
 res=$(grep -h '^results:' config/gpu-smollm2.yaml ${EXTRA_CONFIG:-} | tail -n 1 | awk '{print $2}')  # the last that names one
 start=$(date +%s)
 run_snakemake ${TARGETS:-} --rerun-incomplete --configfile $configs ${UNTIL:+--until "$UNTIL"} \
@@ -63,5 +72,11 @@ fi
 if [ -n "${TRAINING_PERF:-}" ] && [ -z "${status:-}" ]; then
   python3 -m perf training_throughput --results "$res" --min-steps 100 --total-seq-length 8192 \
     --table "$OUT/training.md" 2>&1 | tail -n 12
+fi
+if [ -n "${ANSWERS_OUT:-}" ]; then  # whatever the run's status: the datasets regenerate finished are packed, last,
+  # into the room the other files leave of the 8 that $OUT brings back (an earlier pack's parts are replaced)
+  room=$(( 8 - $(find "$OUT" -maxdepth 1 -type f ! -name done ! -name 'answers.*' | wc -l) ))
+  python3 -m perf carried_answers pack "$res" --out "$OUT" --part-mib "${ANSWERS_PART_MIB:-15}" --max-files "$room" \
+    ${ANSWERS_DATASETS:+--datasets "$ANSWERS_DATASETS"} || status=${status:-$?}
 fi
 exit "${status:-0}"
