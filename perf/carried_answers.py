@@ -6,12 +6,13 @@ answers.sha256 (sha256sum's format: each part, and the whole stream as answers.t
 in all (8: what a lent GPU machine's $OUT brings back); more is refused before anything is written under the final
 names.
 
-unpack: the parts from one or more folders (a carry of 64 MiB may not hold them all), each part and the whole
-stream checked against answers.sha256, the files extracted into --into, and a config overlay listing each dataset
-as `{source: local, path: <its jsonl>}`. prepare_dataset then reads those answers as it reads regenerate's, and its
-stats carry regenerate's (read_regenerate_stats: the .stats.json beside the file, while its sha256 matches). The
-overlay lists `datasets`, so it replaces the datasets map of the config files before it: give it last. With
---configs (those files), the overlay keeps their other datasets and each carried one's keep_cut_answers.
+unpack: the parts from one or more folders (a carry of 64 MiB may not hold them all; packs of several sessions, each
+with its answers.sha256, may come together), each part and each whole stream checked against answers.sha256, the
+files extracted into --into, and a config overlay listing each dataset as `{source: local, path: <its jsonl>}`.
+prepare_dataset then reads those answers as it reads regenerate's, and its stats carry regenerate's
+(read_regenerate_stats: the .stats.json beside the file, while its sha256 matches). The overlay lists `datasets`, so
+it replaces the datasets map of the config files before it: give it last. With --configs (those files), the overlay
+keeps their other datasets and each carried one's keep_cut_answers.
 
     python -m perf carried_answers pack results-gpu --out $OUT [--part-mib 15] [--datasets a,b]
     python -m perf carried_answers unpack .gpu_answers1 .gpu_answers2 --into /tmp/answers --overlay /tmp/answers.yaml
@@ -52,7 +53,7 @@ class Refused(Exception):
 
 
 def mib(n: int) -> str:
-    return f"{n / MIB:.2f} MiB"
+    return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 1024:.1f} KiB"
 
 
 # ----------------------------------------------------------------------------- pack
@@ -228,57 +229,65 @@ def pack(results: Path, out: Path, part_bytes: int, wanted: list[str] | None = N
 
 # ----------------------------------------------------------------------------- unpack
 
-def read_sums(dirs: list[Path]) -> tuple[dict[str, str], str, Path]:
-    """(part name -> sha256, the whole stream's sha256, the file read) from the folders' answers.sha256."""
-    found = [d / SUMS for d in dirs if (d / SUMS).is_file()]
-    if not found:
-        raise Refused(f"no {SUMS} in {', '.join(map(str, dirs))} (pack writes it beside the parts)")
-    if len({p.read_bytes() for p in found}) > 1:
-        raise Refused(f"the {SUMS} files differ ({', '.join(map(str, found))}): parts of different packs")
+def read_sums(path: Path) -> tuple[dict[str, str], str]:
+    """(part name -> sha256, the whole stream's sha256) of one answers.sha256."""
     sums, whole = {}, None
-    for number, line in enumerate(found[0].read_text().splitlines(), 1):
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S+)", line.strip())
         if not m:
-            raise Refused(f"{found[0]}: line {number} is not `<sha256>  <file>`: {line!r}")
+            raise Refused(f"{path}: line {number} is not `<sha256>  <file>`: {line!r}")
         if m.group(2) == STREAM:
             whole = m.group(1)
         elif m.group(2).startswith(PART):
             sums[m.group(2)] = m.group(1)
     if whole is None or not sums:
-        raise Refused(f"{found[0]}: names no parts or no {STREAM} line")
-    return dict(sorted(sums.items())), whole, found[0]
+        raise Refused(f"{path}: names no parts or no {STREAM} line")
+    return dict(sorted(sums.items())), whole
 
 
-def gather(dirs: list[Path]) -> tuple[list[Path], str, Path]:
-    """The parts in order, each checked against answers.sha256, and the whole stream's sha256 (checked by unpack)."""
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gather(dirs: list[Path]) -> list[tuple[list[Path], str, Path]]:
+    """Each pack in the folders, as (its parts in order, its whole stream's sha256, its answers.sha256). A pack is
+    one answers.sha256 (the same file in several folders is one pack); its parts may lie in any of the folders, each
+    found by its name and sha256, so that packs of different sessions (--datasets) come in together."""
     for d in dirs:
         if not d.is_dir():
             raise Refused(f"{d}: no such folder")
-    sums, whole, sums_file = read_sums(dirs)
-    found: dict[str, list[Path]] = {}
-    for d in dirs:
-        for p in sorted(d.glob(PART + "*")):
-            found.setdefault(p.name, []).append(p)
     where = ", ".join(map(str, dirs))
-    extra = sorted(set(found) - set(sums))
-    if extra:
-        raise Refused(f"{', '.join(extra)} (in {where}) is not named in {sums_file}: parts of another pack")
-    missing = [name for name in sums if name not in found]
-    if missing:
-        raise Refused(f"missing: {', '.join(missing)}; {sums_file} names {len(sums)} parts "
-                      f"({next(iter(sums))} .. {list(sums)[-1]}); looked in {where}")
-    parts = []
-    for name, expected in sums.items():
-        for path in found[name]:  # the same part carried twice is checked twice
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(BLOCK), b""):
-                    digest.update(block)
-            if digest.hexdigest() != expected:
-                raise Refused(f"{path}: sha256 {digest.hexdigest()} differs from {expected} in {sums_file} "
-                              f"(a part cut short or changed in transit; bring {name} again)")
-        parts.append(found[name][0])
-    return parts, whole, sums_file
+    distinct: dict[bytes, Path] = {}
+    for d in dirs:
+        if (d / SUMS).is_file():
+            distinct.setdefault((d / SUMS).read_bytes(), d / SUMS)
+    if not distinct:
+        raise Refused(f"no {SUMS} in {where} (pack writes it beside the parts)")
+    packs = [(path, *read_sums(path)) for path in distinct.values()]
+    listed = {(name, sha): path for path, sums, _ in packs for name, sha in sums.items()}
+    files = {p: file_sha256(p) for d in dirs for p in sorted(d.glob(PART + "*"))}
+    for path, sha in files.items():  # every part carried, each copy too, is one that a pack names
+        if (path.name, sha) in listed:
+            continue
+        expected = [(sums_file, sums[path.name]) for sums_file, sums, _ in packs if path.name in sums]
+        if not expected:
+            raise Refused(f"{path} is named in no {SUMS} of {where}: a part of another pack")
+        raise Refused(f"{path}: sha256 {sha} differs from {expected[0][1]} in {expected[0][0]} (a part cut short or "
+                      f"changed in transit; bring {path.name} again)")
+    found = []
+    for sums_file, sums, whole in packs:
+        parts = {name: next((p for p, sha in files.items() if p.name == name and sha == expected), None)
+                 for name, expected in sums.items()}
+        missing = [name for name, path in parts.items() if path is None]
+        if missing:
+            raise Refused(f"missing: {', '.join(missing)}; {sums_file} names {len(sums)} parts "
+                          f"({next(iter(sums))} .. {list(sums)[-1]}); looked in {where}")
+        found.append((list(parts.values()), whole, sums_file))
+    return found
 
 
 class Parts(io.RawIOBase):
@@ -311,37 +320,41 @@ class Parts(io.RawIOBase):
         super().close()
 
 
-def extract(parts: list[Path], whole: str, into: Path) -> dict[str, Path]:
-    """The parts' files extracted into `into` (all or none: extracted beside it first); dataset -> its jsonl."""
+def extract(parts: list[Path], whole: str, staging: Path) -> list[str]:
+    """The files of one pack's parts extracted into `staging`; their names. The stream must hash to `whole`."""
+    stream = Parts(parts)
+    names = []
+    with lzma.LZMAFile(io.BufferedReader(stream, BLOCK)) as xz, tarfile.open(fileobj=xz, mode="r|") as tar:
+        for member in tar:
+            if not member.isfile() or not MEMBER.match(member.name) or (staging / member.name).exists():
+                raise Refused(f"{parts[0]}: {member.name!r} is not a regenerated dataset's file, or is one twice "
+                              "(only <name>.jsonl and <name>.stats.json, each once, are unpacked)")
+            names.append(member.name)
+            if hasattr(tarfile, "data_filter"):
+                tar.extract(member, staging, filter="data")
+            else:  # Python before 3.11.4: the name check above is the guard
+                tar.extract(member, staging)
+        # the end of the stream, so that the whole is hashed (tar stops reading at its end-of-archive blocks)
+        while xz.read(BLOCK):
+            pass
+    if stream.hash.hexdigest() != whole:
+        raise Refused(f"{', '.join(p.name for p in parts)} joined hash to {stream.hash.hexdigest()}, not {whole}")
+    if not any(n.endswith(".jsonl") for n in names):
+        raise Refused(f"{parts[0]}: its pack holds no <name>.jsonl")
+    return names
+
+
+def extract_all(packs: list[tuple[list[Path], str, Path]], into: Path) -> dict[str, Path]:
+    """Every pack's files extracted into `into`, all or none (extracted beside them first); dataset -> its jsonl."""
     into.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=into))
     try:
-        stream = Parts(parts)
-        with lzma.LZMAFile(io.BufferedReader(stream, BLOCK)) as xz, tarfile.open(fileobj=xz, mode="r|") as tar:
-            names = []
-            for member in tar:
-                m = MEMBER.match(member.name)
-                if not member.isfile() or not m or member.name in names:
-                    raise Refused(f"{STREAM}: {member.name!r} is not a regenerated dataset's file "
-                                  "(only <name>.jsonl and <name>.stats.json, each once, are unpacked)")
-                names.append(member.name)
-                if hasattr(tarfile, "data_filter"):
-                    tar.extract(member, staging, filter="data")
-                else:  # Python before 3.11.4: the name check above is the guard
-                    tar.extract(member, staging)
-            # the end of the stream, so that the whole is hashed (tar stops reading at its end-of-archive blocks)
-            while xz.read(BLOCK):
-                pass
-        if stream.hash.hexdigest() != whole:
-            raise Refused(f"the parts joined hash to {stream.hash.hexdigest()}, not {whole} ({STREAM} in {SUMS})")
-        jsonls = {MEMBER.match(n).group(1): n for n in names if n.endswith(".jsonl")}
-        if not jsonls:
-            raise Refused(f"{STREAM} holds no <name>.jsonl")
+        names = [name for parts, whole, _ in packs for name in extract(parts, whole, staging)]
         for name in names:
             os.replace(staging / name, into / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {dataset: (into / name).resolve() for dataset, name in jsonls.items()}
+    return {MEMBER.match(n).group(1): (into / n).resolve() for n in names if n.endswith(".jsonl")}
 
 
 def check_datasets(datasets: dict) -> list[str]:
@@ -390,8 +403,8 @@ def unpack(dirs: list[Path], into: Path, overlay: Path, configs: list[str] | Non
     """Check, extract and write the overlay; return its datasets map."""
     from draftsmith.data.regenerated import read_regenerate_stats
 
-    parts, whole, sums_file = gather(dirs)
-    unpacked = extract(parts, whole, into)
+    packs = gather(dirs)
+    unpacked = extract_all(packs, into)
     for name, path in unpacked.items():
         stats = read_regenerate_stats(path)
         if stats is None:
@@ -402,11 +415,13 @@ def unpack(dirs: list[Path], into: Path, overlay: Path, configs: list[str] | Non
     problems = check_datasets(datasets)
     if problems:
         raise Refused("the overlay's datasets do not pass the config schema:\n  " + "\n  ".join(problems))
-    came_from = ", ".join(sorted({str(p.parent) for p in parts}))
-    header = [
-        "# Datasets of answers a target wrote on another machine (rule regenerate), as local files: written by",
-        f"# `python -m perf carried_answers unpack` from {parts[0].name} .. {parts[-1].name} ({len(parts)} parts, in",
-        f"# {came_from}; {STREAM} sha256 {whole}).",
+    header = ["# Datasets of answers a target wrote on another machine (rule regenerate), as local files: written by",
+              "# `python -m perf carried_answers unpack` from"]
+    for parts, whole, _ in packs:
+        came_from = ", ".join(sorted({str(p.parent) for p in parts}))
+        header += [f"#   {parts[0].name} .. {parts[-1].name} ({len(parts)} parts, in {came_from};",
+                   f"#   {STREAM} sha256 {whole})"]
+    header += [
         "# prepare_dataset reads each as it reads regenerate's output, and its stats carry regenerate's (the",
         "# <name>.stats.json beside each file).",
         "# This file lists `datasets`, so it replaces the whole datasets map of the config files before it (README.md,",

@@ -161,3 +161,19 @@ def test_a_dataset_regenerate_did_not_finish_is_left_out_unless_named(answered, 
         capsys.readouterr().out
     overlay = unpack([tmp_path / "out"], tmp_path / "answers", tmp_path / "answers.yaml")
     assert list(overlay["datasets"]) == ["synthetic"]
+
+
+def test_packs_of_two_sessions_unpack_together(answered, tmp_path):
+    """Each dataset packed alone (--datasets, as two sessions would), each pack in its own folder: one unpack of
+    both folders, each part found by its name and sha256 (both packs have a part_00)."""
+    for d in DATASETS:
+        pack(answered, tmp_path / f"pack_{d}", 1e6, "--datasets", d)
+    overlay = unpack([tmp_path / f"pack_{d}" for d in DATASETS], tmp_path / "answers", tmp_path / "answers.yaml")
+    assert set(overlay["datasets"]) == set(DATASETS)
+    for original in originals(answered):
+        assert (tmp_path / "answers" / original.name).read_bytes() == original.read_bytes()
+    assert (tmp_path / "answers.yaml").read_text().count("answers.tar.xz.part_00 .. answers.tar.xz.part_00") == 2
+    pack(answered, tmp_path / "both", 1e6)
+    with pytest.raises(SystemExit, match=r"synthetic.jsonl.*is one twice"):  # the same dataset in two packs
+        unpack([tmp_path / "both", tmp_path / "pack_synthetic"], tmp_path / "again", tmp_path / "again.yaml")
+    assert not (tmp_path / "again").exists() or not list((tmp_path / "again").iterdir())
