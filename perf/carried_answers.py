@@ -242,7 +242,7 @@ def read_sums(path: Path) -> tuple[dict[str, str], str]:
             sums[m.group(2)] = m.group(1)
     if whole is None or not sums:
         raise Refused(f"{path}: names no parts or no {STREAM} line")
-    return dict(sorted(sums.items())), whole
+    return sums, whole  # in the order pack wrote them: the order of the stream
 
 
 def file_sha256(path: Path) -> str:
