@@ -228,7 +228,9 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
             costs["draft_step_ms"] / costs["target_step_ms"])
         assert "step_costs" not in summary["methods"][method]["per_batch_size"]["1"]
     assert "step_costs" not in summary["methods"]["prompt_lookup"]["per_batch_size"]["2"]
-    # each method's refills a run (the first fill among them) and their share of the run's wall time
+    # each method's refills a run (the first fill among them) and their share of the run's wall time; auto without
+    # CUDA graphs refills at once
+    assert summary["refill_rounds"] == 0.0
     for entry in summary["methods"].values():
         figures = entry["per_batch_size"]["2"]
         assert figures["refills"] >= 2 and 0 < figures["refill_share"] < 1
@@ -252,6 +254,9 @@ def test_offline_benchmark_sweeps_batch_sizes(tiny):
     with pytest.raises(ValueError, match="batch_sizes"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "batch_sizes": [0, 2]}, out / "x.csv", out / "x.json", "default")
+    with pytest.raises(ValueError, match="refill_rounds must be auto or a number >= 0, got -1"):
+        run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
+                              {**cfg, "refill_rounds": -1}, out / "x.csv", out / "x.json", "default")
     with pytest.raises(ValueError, match="load_requests_per_row must be >= 1"):
         run_offline_benchmark(TargetSpec(str(tiny["target_dir"])), str(draft_dir), prompts,
                               {**cfg, "load_requests_per_row": 0}, out / "x.csv", out / "x.json", "default")

@@ -77,8 +77,16 @@ def check_settings(cfg: dict) -> None:
     for key in ("num_speculative_tokens", "max_new_tokens", "repeats", "load_requests_per_row"):
         if int(cfg.get(key, 1)) < 1:
             raise ValueError(f"benchmark.{key} must be >= 1, got {cfg[key]}")
-    if float(cfg.get("refill_rounds", 0)) < 0:
-        raise ValueError(f"benchmark.refill_rounds must be >= 0, got {cfg['refill_rounds']}")
+    refill = cfg.get("refill_rounds", "auto")
+    if refill != "auto" and not (isinstance(refill, (int, float)) and refill >= 0):
+        raise ValueError(f"benchmark.refill_rounds must be auto or a number >= 0, got {refill!r}")
+
+
+def refill_rounds(setting, cuda_graphs: bool) -> float:
+    """benchmark.refill_rounds: auto is 1 with CUDA graphs (a replayed prefill of a small target is launch-bound: it
+    costs about a step whatever its rows, so refills in batches cost less) and 0 without (an eager prefill costs by
+    its tokens, and waiting only leaves rows idle)."""
+    return (1.0 if cuda_graphs else 0.0) if setting == "auto" else float(setting)
 
 
 def use_cuda_graphs(setting, model, device: torch.device) -> bool:
@@ -211,6 +219,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
             categories[prompt["prompt_id"]] = prompt["category"]
     outputs_by_size = {1: outputs} if 1 in sizes else {}
     requests, load_extras = {}, {}  # per size above 1: how many requests the prompts made; refills, step costs
+    cfg = {**cfg, "refill_rounds": refill_rounds(cfg.get("refill_rounds", "auto"), graphs)}
     for size in [s for s in sizes if s > 1]:
         outputs_by_size[size], requests[size], load_extras[size] = time_concurrency(
             size, methods, rendered, categories, cfg, engine, settings, stop_ids, rows, unrepeatable, variant)
@@ -233,6 +242,7 @@ def run_offline_benchmark(target: TargetSpec, draft_dir: str, prompts: list[dict
         "prompt_lookup_ngram": ngram,
         "aux_layer_ids": aux_layer_ids,
         "cuda_graphs": graphs,
+        "refill_rounds": cfg["refill_rounds"],
         "target_norms_fused": fused_norms,
         "attention": "ragged" if ragged else ("sdpa" if runner.static else "transformers"),
         "repeats": repeats,
@@ -339,7 +349,7 @@ def time_concurrency(size: int, methods: list[str], rendered: dict[str, list[int
     k, max_new_tokens, repeats = int(cfg["num_speculative_tokens"]), int(cfg["max_new_tokens"]), int(cfg["repeats"])
     proposers = method_proposers(methods, settings)  # their own: a hybrid counts the rounds of this size
     decoders = method_decoders(methods, target, proposers, k, max_new_tokens, stop_ids, concurrency=size,
-                               refill_rounds=float(cfg.get("refill_rounds", 0)))
+                               refill_rounds=cfg["refill_rounds"])
     pids = list(rendered)
     # The prompt set in whole passes, enough that the rows stay busy: with 80 prompts at 64 in flight a single pass is
     # mostly its ramp-down (16 refills, then fewer and fewer rows), not N requests in flight.
