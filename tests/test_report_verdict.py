@@ -351,13 +351,14 @@ def test_the_report_says_where_the_draft_stops_paying(tmp_path, speedups, senten
     table = load_table(batch)
     assert list(table.columns) == ["variant", "backend", "method", "concurrency", "tokens/s", "speedup", "acceptance length",
                                    "time to first token p50 (ms)", "time per output token p50 (ms)", "p90 (ms)",
-                                   "v = verification / target step", "c = draft step / target step"]
+                                   "time in refills", "v = verification / target step", "c = draft step / target step"]
     drafted = table[table["method"] == "eagle3_draft"]
     assert list(drafted["speedup"]) == list(speedups)
     assert list(drafted["v = verification / target step"])[1:] == [2.0] * (len(speedups) - 1)
     assert list(drafted["c = draft step / target step"])[1:] == [0.3 / (3.0 + s) for s in [4, 16, 64][:len(speedups) - 1]]
     assert table[table["method"] == "target_greedy"]["v = verification / target step"].isna().all()
     assert table["time per output token p50 (ms)"].isna().all()  # these summaries hold no latency: unknown, not 0
+    assert table["time in refills"].isna().all()  # nor refills (vLLM schedules its own)
 
 
 def test_one_batch_size_says_nothing_about_load(tmp_path):

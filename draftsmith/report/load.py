@@ -110,9 +110,9 @@ LATENCY = ("ttft_p50", "tpot_p50", "tpot_p90")  # per_batch_size's latency figur
 
 def load_batch_sizes(summaries: dict[str, dict]) -> pd.DataFrame:
     """One row per (variant, method, batch size) from each summary's per_batch_size (draftsmith.benchmark.results),
-    with the method's pays_up_to, the requests' latency in ms and, for a draft whose step costs were measured at that
-    size (batch 1's: the method's own), the verification's and a draft step's cost over a target step's; a summary
-    written without it counts as its one size (concurrency, else 1)."""
+    with the method's pays_up_to, the requests' latency in ms, the share of the run's wall time in refills and, for a
+    draft whose step costs were measured at that size (batch 1's: the method's own), the verification's and a draft
+    step's cost over a target step's; a summary written without it counts as its one size (concurrency, else 1)."""
     rows = []
     for variant, summary in summaries.items():
         for method, m in summary["methods"].items():
@@ -124,10 +124,11 @@ def load_batch_sizes(summaries: dict[str, dict]) -> pd.DataFrame:
                              "speedup": _float(entry.get("speedup")),
                              "acceptance_length": _float(entry.get("acceptance_length")),
                              **{f"{key}_ms": 1000 * _float(entry.get(key)) for key in LATENCY},
+                             "refill_share": _float(entry.get("refill_share")),
                              "verify_ratio": _float(verify_ratio(costs)), "cost_ratio": _float(costs.get("cost_ratio")),
                              "pays_up_to": m.get("pays_up_to")})
     columns = ["variant", "backend", "method", "batch_size", "tokens_per_s", "speedup", "acceptance_length",
-               *(f"{key}_ms" for key in LATENCY), "verify_ratio", "cost_ratio", "pays_up_to"]
+               *(f"{key}_ms" for key in LATENCY), "refill_share", "verify_ratio", "cost_ratio", "pays_up_to"]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -60,7 +60,7 @@ LOAD_COLUMNS = {
     "variant": "variant", "backend": "backend", "method": "method", "concurrency": "batch_size",
     "tokens/s": "tokens_per_s", "speedup": "speedup", "acceptance length": "acceptance_length",
     "time to first token p50 (ms)": "ttft_p50_ms", "time per output token p50 (ms)": "tpot_p50_ms",
-    "p90 (ms)": "tpot_p90_ms", "v = verification / target step": "verify_ratio",
+    "p90 (ms)": "tpot_p90_ms", "time in refills": "refill_share", "v = verification / target step": "verify_ratio",
     "c = draft step / target step": "cost_ratio",
 }
 
@@ -79,8 +79,9 @@ def speed_table(methods: pd.DataFrame) -> pd.DataFrame:
 
 def load_table(batch: pd.DataFrame) -> pd.DataFrame:
     """Per (variant, method, concurrency): total tokens/s, the speedup over target-only greedy at the same concurrency,
-    acceptance length, the requests' latency (time to first token, time per output token after it) and, for a draft,
-    its step costs at that concurrency over a target step's (draftsmith.report.load.load_batch_sizes)."""
+    acceptance length, the requests' latency (time to first token, time per output token after it), the share of the
+    run's time in refills and, for a draft, its step costs at that concurrency over a target step's
+    (draftsmith.report.load.load_batch_sizes)."""
     df = by_variant_and_method(batch, "batch_size")
     return _columns(df.assign(batch_size=df["batch_size"].astype(int)), LOAD_COLUMNS)
 
