@@ -165,8 +165,7 @@ class Rounds:
         self.last = torch.zeros(self.rows, dtype=torch.long, device=target.device)  # each drafting row's next input
         self.looks: list = []  # target-only rounds launched and not yet read: (round, read)
         self.launched = 0  # rounds launched
-        self.free: list[int] = []  # rows without a request, waiting for a refill
-        self.freed_at: dict[int, float] = {}  # when each free row came free
+        self.free: dict[int, float] = {}  # rows without a request, waiting for a refill: when each came free
         self.idle = 0  # rounds the waiting rows sat idle since the last refill, summed over the rows
         self.refill_at, self.idle_budget = max(1, self.rows // 64), refill_rounds * self.rows
 
@@ -174,7 +173,7 @@ class Rounds:
         device = self.target.device
         synchronize(device)
         start = time.perf_counter()
-        self.free, self.freed_at = list(range(self.rows)), dict.fromkeys(range(self.rows), start)
+        self.free = dict.fromkeys(range(self.rows), start)
         self.refill()
         while self.flight.busy():
             self.idle += len(self.free)
@@ -183,8 +182,7 @@ class Rounds:
             if now is not None:
                 self.done(ended)
                 self.target.rows.release(ended)
-                self.free += ended
-                self.freed_at.update(dict.fromkeys(ended, now))
+                self.free.update(dict.fromkeys(ended, now))
                 self.refill()
         synchronize(device)
         return self.flight.results(time.perf_counter() - start)
@@ -210,11 +208,11 @@ class Rounds:
         began = time.perf_counter()
         while free and flight.queue:
             take = flight.next_prompts(len(free), target.prefill_limit)
-            used, free[:] = free[: len(take)], free[len(take):]
+            used = list(free)[: len(take)]
             admitted, logits = target.prefill(used, [flight.prompts[i] for i in take], with_aux=self.proposer.needs_aux)
             first = target.first_tokens(used, logits, self.sampling, [self.seeds[i] for i in take])
             self.proposer.prefill(used, admitted, first)
-            flight.admit(used, take, [self.freed_at[row] for row in used], self.launched)
+            flight.admit(used, take, [free.pop(row) for row in used], self.launched)
             if self.lagging:  # the first tokens come with the next round's (column 0)
                 continue
             if flight.drafting:
@@ -225,8 +223,7 @@ class Rounds:
                 flight.record(row, [token], 1, now, done)
             target.rows.release(done)
             self.done(done)
-            free += done
-            self.freed_at.update(dict.fromkeys(done, now))
+            free.update(dict.fromkeys(done, now))
         target.stats["refill_seconds"] += time.perf_counter() - began
 
     def done(self, rows: list[int]) -> None:
